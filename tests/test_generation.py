@@ -1,0 +1,334 @@
+"""End-to-end tree decoding inside `generate`: exactness against the target's own decoding."""
+
+import math
+
+import pytest
+import torch
+from conftest import make_target
+from transformers import LogitsProcessorList, StoppingCriteria, StoppingCriteriaList, TopKLogitsWarper, TopPLogitsWarper
+from transformers.generation import GenerateDecoderOnlyOutput
+from transformers.generation.streamers import BaseStreamer
+
+import hf_tev
+from hf_tev import DFlashDraftModel, TEVConfig
+from hf_tev.generation import commit_accepted_path
+from hf_tev.tree import build_tree, tree_attention_mask, tree_position_ids
+
+PROMPTS = [[1, 5, 9, 13, 7], [1, 40, 41, 3, 3, 17, 88, 20, 6]]
+
+
+def make_drafter(target, block_size=8, seed=1):
+    torch.manual_seed(seed)
+    return DFlashDraftModel.from_target(target, num_layers=1, block_size=block_size).eval()
+
+
+def with_oracle(drafter, reference):
+    """Make a drafter that mostly knows the target's greedy continuation `reference` (so trees get accepted).
+
+    Depth d of a block rooted at position n boosts `reference[n + d]`; every third position gets a small boost
+    only, so the right token is often not the drafter's first choice and only a branching tree catches it.
+    """
+    real = drafter.draft_logits
+
+    def draft_logits(target, context, block_ids, position_ids, cache=None):
+        logits = real(target, context, block_ids, position_ids, cache=cache)
+        root_position = int(position_ids[0, -block_ids.shape[1]])
+        for depth in range(1, block_ids.shape[1]):
+            position = root_position + depth
+            if position < reference.shape[1]:
+                logits[0, depth - 1, reference[0, position]] += 40.0 if position % 3 else 4.0
+        return logits
+
+    drafter.draft_logits = draft_logits
+    return drafter
+
+
+def greedy(target, prompt, **kwargs):
+    return target.generate(prompt, do_sample=False, **kwargs)
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "llama"])
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_greedy_equals_target_greedy(arch, attn):
+    target = make_target(arch, attn_implementation=attn)
+    taus = []
+    for prompt_ids in PROMPTS:
+        prompt = torch.tensor([prompt_ids])
+        for max_new in (5, 29):
+            expected = greedy(target, prompt, max_new_tokens=max_new)
+            for budget in (1, 8, 64):
+                for verifier in ("tev", "predraw", "residual"):
+                    drafter = with_oracle(make_drafter(target), expected)
+                    out = greedy(target, prompt, max_new_tokens=max_new, assistant_model=drafter,
+                                 tev_config=TEVConfig(budget=budget, verifier=verifier), return_dict_in_generate=True)
+                    assert out.sequences.tolist() == expected.tolist(), (budget, verifier, max_new)
+                    taus.append(out.tev_stats.tau)
+                    # at T=0 the coverage of a tree is exactly its accepted length
+                    assert out.tev_stats.coverages == [float(a) for a in out.tev_stats.accepted_lengths]
+    assert max(taus) > 3, "the acceptance path was never exercised"
+
+
+def test_greedy_with_random_drafter_and_chain():
+    target = make_target("qwen3")
+    prompt = torch.tensor([PROMPTS[0]])
+    expected = greedy(target, prompt, max_new_tokens=20)
+    for tree in ("chain", "best_first"):
+        for budget in (0, 3, 16):
+            out = greedy(target, prompt, max_new_tokens=20, assistant_model=make_drafter(target),
+                         tev_config=TEVConfig(budget=budget, tree=tree))
+            assert out.tolist() == expected.tolist()
+
+
+def test_eos_inside_accepted_path_stops_there():
+    target = make_target("qwen3")
+    prompt = torch.tensor([PROMPTS[1]])
+    reference = greedy(target, prompt, max_new_tokens=30)
+    generated = reference[0, prompt.shape[1]:].tolist()
+    eos = generated[11]  # a token the target emits mid-generation
+    expected = greedy(target, prompt, max_new_tokens=30, eos_token_id=[eos, 99])
+    assert expected.shape[1] < reference.shape[1]
+    for verifier in ("tev", "predraw"):
+        drafter = with_oracle(make_drafter(target, block_size=16), reference)
+        out = greedy(target, prompt, max_new_tokens=30, eos_token_id=[eos, 99], assistant_model=drafter,
+                     tev_config=TEVConfig(budget=16, verifier=verifier), return_dict_in_generate=True)
+        assert out.sequences.tolist() == expected.tolist()
+        assert max(out.tev_stats.accepted_lengths) > 3
+
+
+def test_processors_per_node_match_plain_generate():
+    # repetition penalty and n-gram blocking read each node's own path; scores must match generate's
+    target = make_target("llama")
+    prompt = torch.tensor([PROMPTS[0]])
+    kwargs = dict(max_new_tokens=25, repetition_penalty=1.5, no_repeat_ngram_size=2, output_scores=True,
+                  return_dict_in_generate=True)
+    expected = greedy(target, prompt, **kwargs)
+    drafter = with_oracle(make_drafter(target), expected.sequences)
+    out = greedy(target, prompt, assistant_model=drafter, tev_config=TEVConfig(budget=16), **kwargs)
+    assert isinstance(out, GenerateDecoderOnlyOutput)
+    assert out.sequences.tolist() == expected.sequences.tolist()
+    assert len(out.scores) == len(expected.scores)
+    for ours, theirs in zip(out.scores, expected.scores):
+        finite = torch.isfinite(theirs)
+        assert torch.equal(finite, torch.isfinite(ours))
+        torch.testing.assert_close(ours[finite], theirs[finite], atol=1e-4, rtol=1e-4)
+    assert out.tev_stats.tau > 1
+
+
+class RecordingStreamer(BaseStreamer):
+    def __init__(self):
+        self.chunks, self.ended = [], False
+
+    def put(self, value):
+        self.chunks.append(value.reshape(-1).tolist())
+
+    def end(self):
+        self.ended = True
+
+
+class StopAfterToken(StoppingCriteria):
+    def __init__(self, token):
+        self.token = token
+
+    def __call__(self, input_ids, scores, **kwargs):
+        return input_ids[:, -1] == self.token
+
+
+def test_streamer_and_stopping_criteria():
+    target = make_target("qwen3")
+    prompt = torch.tensor([PROMPTS[1]])
+    reference = greedy(target, prompt, max_new_tokens=30)
+    stop_token = reference[0, prompt.shape[1] + 9].item()
+    criteria = StoppingCriteriaList([StopAfterToken(stop_token)])
+    expected = greedy(target, prompt, max_new_tokens=30, stopping_criteria=criteria)
+    assert expected.shape[1] < reference.shape[1]
+    streamer = RecordingStreamer()
+    out = greedy(target, prompt, max_new_tokens=30, stopping_criteria=criteria, streamer=streamer,
+                 assistant_model=with_oracle(make_drafter(target), reference), tev_config=TEVConfig(budget=8))
+    assert out.tolist() == expected.tolist()
+    assert streamer.chunks[0] == PROMPTS[1]
+    assert sum(streamer.chunks[1:], []) == out[0, prompt.shape[1]:].tolist()
+    assert streamer.ended
+
+
+def test_left_padded_prompt_matches_plain_generate():
+    target = make_target("qwen3")
+    prompt = torch.tensor([[0, 0, 0] + PROMPTS[0]])
+    mask = torch.tensor([[0, 0, 0] + [1] * len(PROMPTS[0])])
+    expected = greedy(target, prompt, attention_mask=mask, max_new_tokens=20)
+    out = greedy(target, prompt, attention_mask=mask, max_new_tokens=20,
+                 assistant_model=with_oracle(make_drafter(target), torch.cat([expected[:, 3:], expected[:, :3]], 1)),
+                 tev_config=TEVConfig(budget=8))
+    assert out.tolist() == expected.tolist()
+
+
+def test_tree_pass_logits_equal_path_forwards_and_compaction():
+    target = make_target("qwen3")
+    prompt = torch.tensor([PROMPTS[1]])
+    cache = hf_tev.generation.DynamicCache(config=target.config)
+    with torch.no_grad():
+        target(prompt, cache=cache)
+        past = prompt.shape[1]
+        torch.manual_seed(3)
+        tree = build_tree(torch.log_softmax(torch.randn(4, 96) * 3, -1), 12, torch.tensor(7))
+        out = target(tree.tokens[None], position_ids=tree_position_ids(tree, past), cache=cache,
+                     attention_mask=tree_attention_mask(tree, past, torch.float32))
+        paths = [tree.visibility[i].nonzero()[:, 0] for i in range(tree.num_nodes)]
+        for node, path in enumerate(paths):
+            plain = target(torch.cat([prompt, tree.tokens[path][None]], 1)).logits[0, -1]
+            torch.testing.assert_close(out.logits[0, node], plain, atol=1e-4, rtol=1e-4)
+        # keep a path that is not a prefix of the node order, then continue with one token
+        node = max(range(tree.num_nodes), key=lambda i: (len(paths[i]), i))
+        path = paths[node]
+        assert path.tolist() != list(range(len(path)))
+        commit_accepted_path(cache, past, path, path_is_prefix=False)
+        assert cache.get_seq_length() == past + len(path)
+        committed = torch.cat([prompt, tree.tokens[path][None]], 1)
+        nxt = torch.tensor([[11]])
+        step = target(nxt, cache=cache, position_ids=torch.tensor([[committed.shape[1]]])).logits[0, -1]
+        fresh = target(torch.cat([committed, nxt], 1)).logits[0, -1]
+        torch.testing.assert_close(step, fresh, atol=1e-4, rtol=1e-4)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Sampling: the output law must be the target's own sampling law
+# ---------------------------------------------------------------------------------------------------------
+def exact_two_token_law(target, prompt, warpers):
+    """P(first two generated tokens) under the target's own sampling with `warpers` (temperature etc.)."""
+    with torch.no_grad():
+        vocab = target.config.vocab_size
+        first = torch.softmax(warpers(prompt, target(prompt).logits[:, -1].float()), -1)[0]  # [V]
+        seconds = torch.cat([prompt.expand(vocab, -1), torch.arange(vocab)[:, None]], 1)
+        second = torch.softmax(warpers(seconds, target(seconds).logits[:, -1].float()), -1)  # [V, V]
+    return first[:, None] * second
+
+
+def chi_square_pvalue(counts, law, min_expected=5.0):
+    """Pearson chi-square p-value, pooling cells with small expectation into one."""
+    expected = law.flatten() * counts.sum()
+    counts = counts.flatten().double()
+    small = expected < min_expected
+    obs = torch.cat([counts[~small], counts[small].sum()[None]])
+    exp = torch.cat([expected[~small], expected[small].sum()[None]]).double()
+    keep = exp > 0
+    stat = ((obs[keep] - exp[keep]) ** 2 / exp[keep]).sum()
+    dof = int(keep.sum()) - 1
+    return float(torch.special.gammaincc(torch.tensor(dof / 2.0, dtype=torch.float64), stat / 2.0))
+
+
+@pytest.mark.parametrize("verifier", ["tev", "predraw"])
+@pytest.mark.parametrize("warp", ["plain", "top_k_top_p"])
+def test_sampling_law_matches_target(verifier, warp):
+    target = make_target("qwen3", vocab_size=8, hidden_size=32, num_layers=2, seed=4)
+    with torch.no_grad():
+        target.lm_head.weight.mul_(0.15)  # softer distributions: several tokens matter at each step
+    prompt = torch.tensor([[1, 5, 3]])
+    sampling = dict(do_sample=True, temperature=0.9)
+    warpers = [TemperatureLike(0.9)]
+    if warp == "top_k_top_p":
+        sampling.update(top_k=5, top_p=0.9)
+        warpers += [TopKLogitsWarper(5), TopPLogitsWarper(0.9)]
+    else:
+        sampling.update(top_k=0, top_p=1.0)
+    law = exact_two_token_law(target, prompt, LogitsProcessorList(warpers))
+    drafter = make_drafter(target, block_size=4)
+    counts = torch.zeros(8, 8)
+    torch.manual_seed(1234)
+    for _ in range(600):
+        out = target.generate(prompt, max_new_tokens=2, assistant_model=drafter,
+                              tev_config=TEVConfig(budget=6, verifier=verifier), **sampling)
+        counts[out[0, 3], out[0, 4]] += 1
+    assert chi_square_pvalue(counts, law) > 1e-3
+    # the test has power: the law without the warpers' effect (temperature 1.3) is rejected
+    wrong = exact_two_token_law(target, prompt, LogitsProcessorList([TemperatureLike(1.6)]))
+    assert chi_square_pvalue(counts, wrong) < 1e-3
+
+
+class TemperatureLike:
+    def __init__(self, temperature):
+        self.temperature = temperature
+
+    def __call__(self, input_ids, scores):
+        return scores / self.temperature
+
+
+def test_seeded_sampling_is_reproducible():
+    target = make_target("qwen3")
+    drafter = make_drafter(target)
+    prompt = torch.tensor([PROMPTS[0]])
+    runs = [target.generate(prompt, do_sample=True, max_new_tokens=20, assistant_model=drafter,
+                            tev_config=TEVConfig(budget=8, seed=7)) for _ in range(2)]
+    assert runs[0].tolist() == runs[1].tolist()
+    torch.manual_seed(5)
+    a = target.generate(prompt, do_sample=True, max_new_tokens=20, assistant_model=drafter, tev_config=TEVConfig(budget=8))
+    torch.manual_seed(5)
+    b = target.generate(prompt, do_sample=True, max_new_tokens=20, assistant_model=drafter, tev_config=TEVConfig(budget=8))
+    assert a.tolist() == b.tolist()
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Routing and bad input
+# ---------------------------------------------------------------------------------------------------------
+def test_disable_and_enable_routing():
+    target = make_target("qwen3")
+    prompt = torch.tensor([PROMPTS[0]])
+    drafter = make_drafter(target)
+    try:
+        hf_tev.disable()
+        assert not hf_tev.generation.is_enabled()
+        plain = greedy(target, prompt, max_new_tokens=5)  # untouched path still works
+        with pytest.raises(ValueError, match="tev_config"):
+            greedy(target, prompt, max_new_tokens=5, assistant_model=drafter, tev_config=TEVConfig())
+    finally:
+        hf_tev.enable()
+    assert greedy(target, prompt, max_new_tokens=5, assistant_model=drafter, tev_config=TEVConfig()).tolist() == plain.tolist()
+
+
+def test_bad_inputs():
+    target = make_target("qwen3")
+    drafter = make_drafter(target)
+    prompt = torch.tensor([PROMPTS[0]])
+    with pytest.raises(ValueError, match="budget"):
+        TEVConfig(budget=-1)
+    with pytest.raises(TypeError, match="budget"):
+        TEVConfig(budget=2.5)
+    with pytest.raises(ValueError, match="verifier"):
+        TEVConfig(verifier="nope")
+    with pytest.raises(ValueError, match="batch"):
+        greedy(target, prompt.repeat(2, 1), max_new_tokens=4, assistant_model=drafter, tev_config=TEVConfig())
+    with pytest.raises(ValueError, match="assistant_model"):
+        greedy(target, prompt, max_new_tokens=4, tev_config=TEVConfig())
+    with pytest.raises(TypeError, match="TEVConfig"):
+        greedy(target, prompt, max_new_tokens=4, assistant_model=drafter, tev_config={"budget": 4})
+    with pytest.raises(ValueError, match="block_size"):
+        greedy(target, prompt, max_new_tokens=4, assistant_model=drafter, tev_config=TEVConfig(block_size=32))
+    other = make_target("qwen3", hidden_size=32)
+    with pytest.raises(ValueError):
+        greedy(other, prompt, max_new_tokens=4, assistant_model=drafter, tev_config=TEVConfig())
+    assistant = make_target("qwen3", num_layers=1)
+    with pytest.raises(TypeError, match="DFlash"):
+        greedy(target, prompt, max_new_tokens=4, assistant_model=assistant, tev_config=TEVConfig())
+    from transformers import StaticCache
+
+    with pytest.raises(ValueError, match="cache"):
+        greedy(target, prompt, max_new_tokens=4, assistant_model=drafter, tev_config=TEVConfig(),
+               cache=StaticCache(config=target.config, max_cache_len=64))
+    with pytest.raises(ValueError, match="cache"):
+        greedy(target, prompt, max_new_tokens=4, assistant_model=drafter, tev_config=TEVConfig(),
+               cache_implementation="static")
+    target.config._attn_implementation = "flash_attention_2"  # not installed here; the check comes first
+    with pytest.raises(ValueError, match="sdpa"):
+        greedy(target, prompt, max_new_tokens=4, assistant_model=drafter, tev_config=TEVConfig())
+
+
+def test_stats_are_consistent():
+    target = make_target("qwen3")
+    prompt = torch.tensor([PROMPTS[1]])
+    out = target.generate(prompt, do_sample=True, max_new_tokens=30, assistant_model=make_drafter(target),
+                          tev_config=TEVConfig(budget=16), return_dict_in_generate=True)
+    stats = out.tev_stats
+    generated = out.sequences.shape[1] - prompt.shape[1]
+    # the first token comes from the prefill; every cycle emits its accepted length (the last may be cut)
+    assert 1 + sum(stats.accepted_lengths) >= generated > sum(stats.accepted_lengths[:-1])
+    assert all(1 <= c <= 1 + s + 1e-5 for c, s in zip(stats.coverages, stats.tree_sizes))
+    summary = stats.summary()
+    assert summary["cycles"] == stats.num_cycles and math.isfinite(summary["verify_s"])
