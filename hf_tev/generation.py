@@ -241,6 +241,29 @@ def commit_accepted_path(cache: DynamicCache, past: int, path: torch.Tensor, pat
         cache.crop(-excess)
 
 
+def verifier_stage(tree, logits, committed_ids, logits_processor, verify, generator, cache, past):
+    """The verifier stage the paper times: per-node logits processing, the decision, and the cache commit.
+
+    Args:
+        logits (`torch.FloatTensor` of shape `(N, V)`): raw target logits of the tree pass, float32.
+        committed_ids (`torch.LongTensor` of shape `(1, past)`): the tokens in the cache.
+        verify: one of `hf_tev.verify.VERIFIERS`, or `None` for greedy decoding (the T=0 limit of them all).
+    Returns:
+        `(path, bonus, processed, probs)`: accepted node indices root first `[k + 1]`, the bonus token (0-dim),
+        the processed scores `[N, V]` and their softmax (`None` when greedy).
+    """
+    processed = process_tree_logits(logits_processor, committed_ids, tree, logits)
+    probs = None
+    if verify is None:
+        path, bonus = verify_greedy(tree, processed)
+    else:
+        probs = torch.softmax(processed, dim=-1)
+        path, bonus = verify(tree, probs, generator=generator)
+    path_list = path.tolist()  # the cycle's one host sync
+    commit_accepted_path(cache, past, path, path_list == list(range(len(path_list))))
+    return path, bonus, processed, probs
+
+
 # --------------------------------------------------------------------------------------------------------
 # Stopping
 # --------------------------------------------------------------------------------------------------------
@@ -416,15 +439,10 @@ def tree_speculative_decode(
 
         # 3. Verifier stage: processors, decision, commit.
         logits = out.logits[0].float()  # [N, V]
-        processed = process_tree_logits(logits_processor, sequence[:, :-1], tree, logits)
-        if do_sample:
-            probs = torch.softmax(processed, dim=-1)
-            path, bonus = verify(tree, probs, generator=generator)
-        else:
-            path, bonus = verify_greedy(tree, processed)
-        path_list = path.tolist()  # the cycle's one host sync
-        accepted = len(path_list)  # root + accepted drafted nodes
-        commit_accepted_path(cache, past, path, path_list == list(range(accepted)))
+        path, bonus, processed, probs = verifier_stage(
+            tree, logits, sequence[:, :-1], logits_processor, verify if do_sample else None, generator, cache, past
+        )
+        accepted = path.numel()  # root + accepted drafted nodes
         features = drafter.context_features(out.hidden_states)[:, path]  # [1, accepted, k * H]
         timer("verify")
 
