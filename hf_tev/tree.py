@@ -1,0 +1,232 @@
+"""Draft trees: DDTree's best-first builder, the chain special case, tree attention inputs.
+
+A tree holds the root (node 0, the not-yet-verified token of this cycle) and the drafted
+nodes in the order the builder added them. Parents always come before their children
+(`parents[i] < i`), so index order is also a topological order, and along any root-to-node
+path the indices increase with the depth.
+
+Builder (SPEC section 3). The score of a token path t_1..t_d is sum_d log q_d(t_d); the tree
+is the `budget` highest-scoring paths of length 1..D. Because every log-prob is <= 0 a parent
+scores at least as high as its children, so the set is prefix-closed.
+
+Tie rule (total order on paths; the builder returns nodes in exactly this order):
+    key(path) = (-score, depth, ranks)
+where ranks = (r_1, ..., r_d) and r_d is the token's rank at depth d in a stable sort of
+row d-1 of `draft_logprobs` (descending value, ascending token id on equal values), compared
+lexicographically. Scores are accumulated root-to-leaf in Python floats (float64) from the
+row values, so equal log-probs give exactly equal scores.
+
+The heap visits paths by (depth, rank) moves: a popped path pushes its next sibling (same
+parent, rank + 1) and its first child (rank 0 one level deeper). Both moves strictly increase
+the key (a sibling has a score <= and a larger rank tuple, a child a score <= and a larger
+depth), and every path is reachable from (rank 0 at depth 1) by such moves, so the heap pops
+all paths in increasing key order. Only ranks < min(budget, V) can ever be reached within the
+budget, hence one top-k per depth suffices.
+"""
+
+import heapq
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass(frozen=True)
+class DraftTree:
+    """A draft tree; node 0 is the root.
+
+    Args:
+        tokens (`torch.LongTensor` of shape `[N]`): token of every node.
+        depths (`torch.LongTensor` of shape `[N]`): depth of every node, 0 for the root.
+        parents (`torch.LongTensor` of shape `[N]`): parent index, -1 for the root; `parents[i] < i`.
+            Siblings carry distinct tokens.
+        visibility (`torch.BoolTensor` of shape `[N, N]`): `visibility[i, j]` iff node j is an ancestor
+            of node i or i itself.
+    """
+
+    tokens: torch.LongTensor
+    depths: torch.LongTensor
+    parents: torch.LongTensor
+    visibility: torch.BoolTensor
+    # Known at build time; saves a host sync when `max_depth` is asked for.
+    _max_depth: int | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def num_nodes(self) -> int:
+        return self.tokens.shape[0]
+
+    @property
+    def max_depth(self) -> int:
+        if self._max_depth is not None:
+            return self._max_depth
+        return int(self.depths.max())
+
+
+def _check_draft_logprobs(draft_logprobs) -> None:
+    if not isinstance(draft_logprobs, torch.Tensor):
+        raise TypeError(f"draft_logprobs must be a torch.Tensor, got {type(draft_logprobs).__name__}")
+    if not draft_logprobs.is_floating_point():
+        raise TypeError(f"draft_logprobs must be a floating tensor, got dtype {draft_logprobs.dtype}")
+    if draft_logprobs.dim() != 2 or draft_logprobs.shape[1] == 0:
+        raise ValueError(f"draft_logprobs must have shape [D, V] with V >= 1, got {tuple(draft_logprobs.shape)}")
+
+
+def _root_tensor(root_token, device) -> torch.LongTensor:
+    """root_token (int or one-element integer tensor) -> LongTensor [1] on `device`, without a host sync."""
+    if isinstance(root_token, torch.Tensor):
+        if root_token.numel() != 1 or root_token.is_floating_point() or root_token.dtype == torch.bool:
+            raise ValueError(f"root_token must be one integer token id, got a {root_token.dtype} tensor "
+                             f"of shape {tuple(root_token.shape)}")
+        return root_token.reshape(1).to(device=device, dtype=torch.long)
+    if isinstance(root_token, bool) or not isinstance(root_token, int):
+        raise TypeError(f"root_token must be an int or a one-element integer tensor, got {type(root_token).__name__}")
+    return torch.tensor([root_token], dtype=torch.long, device=device)
+
+
+def _ranked_topk(logprobs: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.LongTensor, torch.Tensor]:
+    """The first k entries of each row in the order (descending value, ascending index).
+
+    torch.topk does not specify which of several equal values it returns, and a full stable
+    sort of [D, V] is ~50x slower than topk on CPU, so: take the k-th largest value of each
+    row, keep every entry above it and the lowest-index entries equal to it, then sort those
+    k entries stably. Also returns each row's maximum (NaN if the row has a NaN: topk ranks
+    NaN first), for input validation.
+    """
+    # logprobs: [D, V]
+    vocab = logprobs.shape[1]
+    top_values = logprobs.topk(k, dim=-1).values  # [D, k]; the values do not depend on tie handling
+    row_max, kth_value = top_values[:, 0], top_values[:, -1:]  # [D], [D, 1]
+    above = logprobs > kth_value  # [D, V], fewer than k per row
+    at_kth = logprobs == kth_value  # [D, V]
+    still_needed = k - above.sum(-1, keepdim=True)  # [D, 1]
+    keep = above | (at_kth & (at_kth.cumsum(-1) <= still_needed))  # [D, V], exactly k per row
+    # Kept token ids in ascending order: topk of a key that is distinct for every kept entry.
+    descending_id = torch.arange(vocab, 0, -1, device=logprobs.device)  # [V]
+    ids = torch.where(keep, descending_id, 0).topk(k, dim=-1).indices  # [D, k], ascending ids
+    values = logprobs.gather(1, ids)  # [D, k]
+    values, order = values.sort(dim=-1, descending=True, stable=True)  # ties keep ascending ids
+    return values, ids.gather(1, order), row_max
+
+
+def build_tree(draft_logprobs: torch.Tensor, budget: int, root_token) -> DraftTree:
+    """Best-first DDTree draft tree (SPEC section 3, tie rule in the module docstring).
+
+    Args:
+        draft_logprobs (`torch.Tensor` of shape `[D, V]`): log q_d; row d-1 is depth d. Must be <= 0
+            (log-probabilities, e.g. `log_softmax` of the drafter logits).
+        budget (`int`): number of drafted nodes, root excluded; 0 gives the root alone. A budget
+            above the number of token paths gives all paths.
+        root_token (`int` or one-element integer `torch.Tensor`): token of the root.
+
+    Returns:
+        `DraftTree` on the device of `draft_logprobs`, nodes in pop order (non-increasing score).
+    """
+    _check_draft_logprobs(draft_logprobs)
+    if isinstance(budget, bool) or not isinstance(budget, int):
+        raise TypeError(f"budget must be an int, got {type(budget).__name__}")
+    if budget < 0:
+        raise ValueError(f"budget must be >= 0, got {budget}")
+    device = draft_logprobs.device
+    root = _root_tensor(root_token, device)
+    num_depths, vocab = draft_logprobs.shape
+    k = min(budget, vocab)
+    if k == 0 or num_depths == 0:
+        return chain_tree(draft_logprobs, root, length=0)
+
+    # 1. Ranked top-k per depth, then the only host transfer: values, token ids, row maxima.
+    values, ids, row_max = _ranked_topk(draft_logprobs, k)
+    host = torch.cat([values.double(), ids.double(), row_max.double()[:, None]], dim=1).cpu()  # [D, 2k + 1]
+    if torch.isnan(host[:, -1]).any() or (host[:, -1] > 0).any():
+        raise ValueError("draft_logprobs must be log-probabilities (<= 0, no NaN; -inf allowed): "
+                         "pass log_softmax of the drafter logits")
+    values, ids = host[:, :k].tolist(), host[:, k:2 * k].long().tolist()  # [D][k] floats / ints
+
+    # 2. Best-first search over (depth, rank) moves. Heap entry: (-score, depth, ranks, parent node,
+    # parent score); (depth, ranks) is unique per path, so the entries after it are never compared.
+    # Scores are always accumulated root-to-leaf as parent score + value, the same float operations
+    # for every way of reaching a path, so equal sums stay exactly equal.
+    tokens, depths, parents = [], [], []
+    ancestors = [[0]]  # ancestors-or-self of every node, root first
+    frontier = [(-values[0][0], 1, (0,), 0, 0.0)]
+    while frontier and len(tokens) < budget:
+        _, depth, ranks, parent, parent_score = heapq.heappop(frontier)
+        node, rank, row = len(tokens) + 1, ranks[-1], values[depth - 1]
+        tokens.append(ids[depth - 1][rank])
+        depths.append(depth)
+        parents.append(parent)
+        ancestors.append(ancestors[parent] + [node])
+        if rank + 1 < k:  # next sibling: same parent, next rank
+            sibling_score = parent_score + row[rank + 1]
+            heapq.heappush(frontier, (-sibling_score, depth, ranks[:-1] + (rank + 1,), parent, parent_score))
+        if depth < num_depths:  # first child: rank 0 one level deeper
+            score = parent_score + row[rank]
+            heapq.heappush(frontier, (-(score + values[depth][0]), depth + 1, ranks + (0,), node, score))
+
+    return _tree_from_lists(root, tokens, depths, parents, ancestors)
+
+
+def _tree_from_lists(root: torch.LongTensor, tokens: list, depths: list, parents: list,
+                     ancestors: list) -> DraftTree:
+    """Assemble a DraftTree from the builder's host lists (drafted nodes only; root prepended)."""
+    device = root.device
+    num_nodes = len(tokens) + 1
+    structure = torch.tensor([[0] + depths, [-1] + parents, [0] + tokens], dtype=torch.long).to(device)
+    rows = [node for node, chain in enumerate(ancestors) for _ in chain]
+    cols = [ancestor for chain in ancestors for ancestor in chain]
+    visibility = torch.zeros(num_nodes, num_nodes, dtype=torch.bool)
+    visibility[rows, cols] = True
+    return DraftTree(tokens=torch.cat([root, structure[2, 1:]]), depths=structure[0], parents=structure[1],
+                     visibility=visibility.to(device), _max_depth=max(depths, default=0))
+
+
+def chain_tree(draft_logprobs: torch.Tensor, root_token, length: int | None = None) -> DraftTree:
+    """The chain special case: one rank-0 (argmax, lowest id on ties) child per depth.
+
+    Args:
+        draft_logprobs (`torch.Tensor` of shape `[D, V]`): drafter scores per depth (log-probs or logits).
+        root_token (`int` or one-element integer `torch.Tensor`): token of the root.
+        length (`int`, *optional*): drafted nodes, 0..D; defaults to D.
+    """
+    _check_draft_logprobs(draft_logprobs)
+    num_depths = draft_logprobs.shape[0]
+    if length is None:
+        length = num_depths
+    if isinstance(length, bool) or not isinstance(length, int):
+        raise TypeError(f"length must be an int or None, got {type(length).__name__}")
+    if not 0 <= length <= num_depths:
+        raise ValueError(f"length must be in [0, {num_depths}] (the number of draft depths), got {length}")
+    device = draft_logprobs.device
+    root = _root_tensor(root_token, device)
+    depths = torch.arange(length + 1, device=device)  # [N]
+    return DraftTree(
+        tokens=torch.cat([root, draft_logprobs[:length].argmax(-1)]),
+        depths=depths,
+        parents=depths - 1,
+        visibility=torch.ones(length + 1, length + 1, dtype=torch.bool, device=device).tril(),
+        _max_depth=length,
+    )
+
+
+def tree_attention_mask(tree: DraftTree, past_length: int, dtype: torch.dtype, device=None) -> torch.Tensor:
+    """Additive attention mask for the verify forward pass.
+
+    Returns:
+        `torch.Tensor` of shape `[1, 1, N, past_length + N]`: 0 where visible (every cached position,
+        and the tree columns of the row's ancestors and itself), `finfo(dtype).min` elsewhere.
+    """
+    if past_length < 0:
+        raise ValueError(f"past_length must be >= 0, got {past_length}")
+    if not dtype.is_floating_point:
+        raise TypeError(f"the attention mask dtype must be floating, got {dtype}")
+    device = tree.visibility.device if device is None else device
+    num_nodes = tree.num_nodes
+    mask = torch.zeros(num_nodes, past_length + num_nodes, dtype=dtype, device=device)  # [N, past + N]
+    hidden = torch.tensor(torch.finfo(dtype).min, dtype=dtype, device=device)
+    mask[:, past_length:] = torch.where(tree.visibility.to(device), 0.0, hidden)
+    return mask[None, None]
+
+
+def tree_position_ids(tree: DraftTree, past_length: int) -> torch.LongTensor:
+    """Position ids `[1, N]` = past_length + depth: a node sits where it would in its own path."""
+    if past_length < 0:
+        raise ValueError(f"past_length must be >= 0, got {past_length}")
+    return (past_length + tree.depths)[None]

@@ -1,0 +1,224 @@
+"""Draft tree builder vs brute-force enumeration; chain trees; tree attention mask and positions."""
+
+import itertools
+import math
+
+import pytest
+import torch
+
+from hf_tev.tree import DraftTree, build_tree, chain_tree, tree_attention_mask, tree_position_ids
+
+
+def brute_force_tree(draft_logprobs: torch.Tensor, budget: int):
+    """Every token path of length 1..D sorted by (-score, depth, ranks), the first `budget` kept.
+
+    Returns (tokens, depths, parents, ancestors) of the drafted nodes in that order, root excluded;
+    ancestors[i] = the node indices root..i (root = 0, drafted node i = i + 1).
+    """
+    rows = draft_logprobs.double().tolist()
+    num_depths, vocab = draft_logprobs.shape
+    # Rank of each token at each depth: descending value, ascending token id on ties.
+    ranks = [{tok: r for r, tok in enumerate(sorted(range(vocab), key=lambda t, row=row: (-row[t], t)))}
+             for row in rows]
+    keyed = []
+    for depth in range(1, num_depths + 1):
+        for path in itertools.product(range(vocab), repeat=depth):
+            score = 0.0
+            for d, tok in enumerate(path):
+                score = score + rows[d][tok]
+            keyed.append(((-score, depth, tuple(ranks[d][tok] for d, tok in enumerate(path))), path))
+    keyed.sort()
+    chosen = [path for _, path in keyed[:budget]]
+    index = {(): 0, **{path: i + 1 for i, path in enumerate(chosen)}}
+    tokens = [path[-1] for path in chosen]
+    depths = [len(path) for path in chosen]
+    parents = [index[path[:-1]] for path in chosen]  # KeyError here = not prefix-closed
+    ancestors = [[index[path[:j]] for j in range(len(path) + 1)] for path in chosen]
+    return tokens, depths, parents, ancestors
+
+
+def assert_tree_equals_brute_force(draft_logprobs, budget, root=7):
+    tree = build_tree(draft_logprobs, budget, root)
+    tokens, depths, parents, ancestors = brute_force_tree(draft_logprobs, budget)
+    assert tree.tokens.tolist() == [root] + tokens
+    assert tree.depths.tolist() == [0] + depths
+    assert tree.parents.tolist() == [-1] + parents
+    expected_visibility = torch.zeros(len(tokens) + 1, len(tokens) + 1, dtype=torch.bool)
+    expected_visibility[0, 0] = True
+    for node, chain in enumerate(ancestors, start=1):
+        expected_visibility[node, chain] = True
+    assert torch.equal(tree.visibility, expected_visibility)
+    assert tree.max_depth == max(depths, default=0) == int(tree.depths.max())
+    return tree
+
+
+def num_paths(num_depths, vocab):
+    return sum(vocab ** d for d in range(1, num_depths + 1))
+
+
+@pytest.mark.parametrize("num_depths,vocab", [(1, 4), (2, 3), (3, 4), (4, 3), (3, 5)])
+def test_builder_equals_brute_force_continuous(num_depths, vocab):
+    gen = torch.Generator().manual_seed(num_depths * 10 + vocab)
+    for trial in range(6):
+        logprobs = (2 * torch.randn(num_depths, vocab, generator=gen)).log_softmax(-1)
+        for budget in sorted({0, 1, 2, 3, vocab, vocab + 1, 7, 13, num_paths(num_depths, vocab),
+                              num_paths(num_depths, vocab) + 5}):
+            assert_tree_equals_brute_force(logprobs, budget)
+
+
+@pytest.mark.parametrize("num_depths,vocab", [(2, 4), (3, 3), (3, 4), (4, 3), (4, 2)])
+def test_builder_equals_brute_force_with_ties(num_depths, vocab):
+    # Quantised log-probs (multiples of 1/2, exact in binary) produce many equal values and equal
+    # path scores; the tie rule must still give one exact answer. Some entries are -inf (q = 0).
+    gen = torch.Generator().manual_seed(100 + num_depths * 10 + vocab)
+    total = num_paths(num_depths, vocab)
+    for trial in range(8):
+        levels = torch.randint(0, 3, (num_depths, vocab), generator=gen).double()
+        logprobs = -0.5 * levels
+        if trial % 2:
+            logprobs[torch.rand(num_depths, vocab, generator=gen) < 0.2] = -math.inf
+        logprobs = logprobs.float()
+        for budget in range(0, total + 3):
+            assert_tree_equals_brute_force(logprobs, budget)
+
+
+def test_all_equal_logprobs_follow_token_ids():
+    # Everything ties: order = depth, then rank path = token ids in lexicographic order.
+    tree = assert_tree_equals_brute_force(torch.zeros(2, 3), 20)
+    assert tree.tokens.tolist() == [7, 0, 1, 2, 0, 1, 2, 0, 1, 2, 0, 1, 2]
+    assert tree.parents.tolist() == [-1, 0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 3, 3]
+
+
+def test_ranked_topk_matches_stable_sort_on_large_vocab():
+    from hf_tev.tree import _ranked_topk
+
+    gen = torch.Generator().manual_seed(3)
+    logprobs = -0.25 * torch.randint(0, 6, (5, 1000), generator=gen).float()  # heavy ties
+    for k in (1, 7, 170, 1000):
+        values, ids, row_max = _ranked_topk(logprobs, k)
+        expected_values, expected_ids = logprobs.sort(dim=-1, descending=True, stable=True)
+        assert torch.equal(ids, expected_ids[:, :k])
+        assert torch.equal(values, expected_values[:, :k])
+        assert torch.equal(row_max, logprobs.max(-1).values)
+
+
+def test_builder_invariants_at_realistic_size():
+    gen = torch.Generator().manual_seed(0)
+    logprobs = (3 * torch.randn(15, 500, generator=gen)).log_softmax(-1)
+    for budget in (1, 16, 64, 128):
+        tree = build_tree(logprobs, budget, torch.tensor([11]))
+        n = tree.num_nodes
+        assert n == budget + 1 and tree.tokens[0] == 11
+        parents, depths, tokens = tree.parents.tolist(), tree.depths.tolist(), tree.tokens.tolist()
+        assert all(0 <= parents[i] < i for i in range(1, n))
+        assert all(depths[i] == depths[parents[i]] + 1 for i in range(1, n))
+        siblings = {}
+        for i in range(1, n):
+            assert tokens[i] not in siblings.setdefault(parents[i], set())
+            siblings[parents[i]].add(tokens[i])
+        scores = [0.0] * n
+        for i in range(1, n):
+            scores[i] = scores[parents[i]] + float(logprobs[depths[i] - 1, tokens[i]])
+        assert all(scores[i] >= scores[i + 1] - 1e-9 for i in range(1, n - 1))  # pop order
+        # Prefix-closed and best: no left-out child of a tree node scores above the worst node.
+        worst = min(scores[1:])
+        for u in range(n):
+            if depths[u] < 15:
+                taken = siblings.get(u, set())
+                best_free = max(float(logprobs[depths[u], t]) for t in range(500) if t not in taken)
+                assert scores[u] + best_free <= worst + 1e-9
+
+
+def test_budget_zero_and_no_depth_give_root_only():
+    for tree in (build_tree(torch.zeros(3, 4), 0, 5), build_tree(torch.zeros(0, 4), 10, 5)):
+        assert tree.tokens.tolist() == [5] and tree.parents.tolist() == [-1] and tree.depths.tolist() == [0]
+        assert tree.visibility.tolist() == [[True]] and tree.max_depth == 0
+
+
+def test_chain_tree():
+    logprobs = torch.tensor([[-1.0, -0.5, -0.5], [-0.1, -2.0, -3.0], [-3.0, -3.0, -0.2]])
+    tree = chain_tree(logprobs, torch.tensor(9))
+    assert tree.tokens.tolist() == [9, 1, 0, 2]  # argmax, lowest id on ties
+    assert tree.parents.tolist() == [-1, 0, 1, 2] and tree.depths.tolist() == [0, 1, 2, 3]
+    assert torch.equal(tree.visibility, torch.ones(4, 4, dtype=torch.bool).tril())
+    assert tree.max_depth == 3
+    short = chain_tree(logprobs, 9, length=1)
+    assert short.tokens.tolist() == [9, 1] and short.max_depth == 1
+    assert chain_tree(logprobs, 9, length=0).tokens.tolist() == [9]
+    # A chain is the builder's tree when each depth's runner-up is far behind.
+    sharp = torch.full((3, 3), -50.0)
+    sharp[[0, 1, 2], [2, 0, 1]] = 0.0
+    built = build_tree(sharp, 3, 9)
+    assert torch.equal(built.tokens, chain_tree(sharp, 9).tokens)
+    assert torch.equal(built.parents, chain_tree(sharp, 9).parents)
+
+
+def ancestors_by_parents(parents):
+    chains = []
+    for node in range(len(parents)):
+        chain, u = [], node
+        while u >= 0:
+            chain.append(u)
+            u = parents[u]
+        chains.append(set(chain))
+    return chains
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_tree_attention_mask_and_positions(dtype):
+    gen = torch.Generator().manual_seed(1)
+    tree = build_tree(torch.randn(4, 6, generator=gen).log_softmax(-1), 12, 3)
+    past = 5
+    mask = tree_attention_mask(tree, past, dtype)
+    n = tree.num_nodes
+    assert mask.shape == (1, 1, n, past + n) and mask.dtype == dtype
+    hidden = torch.finfo(dtype).min
+    chains = ancestors_by_parents(tree.parents.tolist())
+    for i in range(n):
+        for j in range(past + n):
+            visible = j < past or (j - past) in chains[i]
+            assert mask[0, 0, i, j].item() == (0.0 if visible else hidden)
+    positions = tree_position_ids(tree, past)
+    assert positions.shape == (1, n) and positions.dtype == torch.long
+    assert positions[0].tolist() == [past + d for d in tree.depths.tolist()]
+    assert tree_attention_mask(tree, 0, torch.float32).shape == (1, 1, n, n)
+
+
+def test_bad_inputs_raise_clear_errors():
+    good = torch.zeros(2, 3)
+    with pytest.raises(ValueError, match="budget"):
+        build_tree(good, -1, 0)
+    with pytest.raises(TypeError, match="budget"):
+        build_tree(good, 2.0, 0)
+    with pytest.raises(TypeError, match="budget"):
+        build_tree(good, True, 0)
+    with pytest.raises(ValueError, match=r"shape \[D, V\]"):
+        build_tree(torch.zeros(3), 2, 0)
+    with pytest.raises(ValueError, match=r"shape \[D, V\]"):
+        build_tree(torch.zeros(2, 3, 4), 2, 0)
+    with pytest.raises(TypeError, match="floating"):
+        build_tree(torch.zeros(2, 3, dtype=torch.long), 2, 0)
+    with pytest.raises(TypeError, match="torch.Tensor"):
+        build_tree([[0.0, 0.0]], 2, 0)
+    with pytest.raises(ValueError, match="log-probabilities"):
+        build_tree(torch.tensor([[0.5, -1.0]]), 2, 0)
+    with pytest.raises(ValueError, match="log-probabilities"):
+        build_tree(torch.tensor([[-0.5, -1.0], [-1.0, math.nan]]), 1, 0)
+    with pytest.raises(ValueError, match="root_token"):
+        build_tree(good, 2, torch.tensor([1, 2]))
+    with pytest.raises(ValueError, match="root_token"):
+        build_tree(good, 2, torch.tensor(1.0))
+    with pytest.raises(TypeError, match="root_token"):
+        build_tree(good, 2, "a")
+    with pytest.raises(ValueError, match="length"):
+        chain_tree(good, 0, length=3)
+    with pytest.raises(ValueError, match="past_length"):
+        tree_attention_mask(chain_tree(good, 0), -1, torch.float32)
+    with pytest.raises(TypeError, match="floating"):
+        tree_attention_mask(chain_tree(good, 0), 0, torch.long)
+
+
+def test_draft_tree_properties():
+    tree = DraftTree(tokens=torch.tensor([4, 5, 6]), depths=torch.tensor([0, 1, 1]),
+                     parents=torch.tensor([-1, 0, 0]), visibility=torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]]).bool())
+    assert tree.num_nodes == 3 and tree.max_depth == 1
