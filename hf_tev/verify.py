@@ -1,0 +1,212 @@
+"""Exact tree verifiers: target flow, TEV, predraw-and-follow, sequential residual, greedy.
+
+Every verifier gets the tree and `probs` [N, V]: row u is p_u, the target's processed
+next-token distribution after the path root..u. It returns `(path, bonus)`: the accepted
+node indices root..v (root first) and one token drawn outside the tree at v. All of them are
+exact (the emitted tokens are distributed as the target's own sampling) and optimal (the exit
+node follows the exit law E, so E[accepted nodes + 1] = 1 + coverage); SPEC section 5.
+
+Randomness goes through two helpers, `_sample` (categorical) and `_bernoulli`, so that the
+tests can replace them by scripted draws and enumerate each verifier's output law exactly.
+"""
+
+import torch
+
+from .tree import DraftTree
+
+# --------------------------------------------------------------------------------------------
+# Random draws (sync-free on accelerators)
+
+
+def _sample(weights: torch.Tensor, generator: torch.Generator | None = None) -> torch.LongTensor:
+    """One categorical draw per row of non-negative (unnormalised) weights.
+
+    Exponential race: argmax_i w_i / X_i with X_i ~ Exp(1) i.i.d. picks i with probability
+    w_i / sum(w), without torch.multinomial's validation syncs on CUDA.
+    """
+    # weights: [..., V] -> [...]
+    race = torch.empty_like(weights).exponential_(generator=generator)
+    # An Exp(1) draw of exactly 0 would turn 0 / 0 into NaN (which argmax picks).
+    race.clamp_min_(torch.finfo(race.dtype).tiny)
+    return (weights / race).argmax(-1)
+
+
+def _bernoulli(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.BoolTensor:
+    """Independent coins, True with the given probabilities."""
+    uniform = torch.rand(probs.shape, generator=generator, dtype=probs.dtype, device=probs.device)
+    return uniform < probs  # U in [0, 1): P(U < a) = a
+
+
+# --------------------------------------------------------------------------------------------
+# Shared pieces
+
+
+def _check_rows(tree: DraftTree, rows: torch.Tensor, name: str) -> None:
+    if not isinstance(rows, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(rows).__name__}")
+    if not rows.is_floating_point():
+        raise TypeError(f"{name} must be a floating tensor, got dtype {rows.dtype}")
+    if rows.dim() != 2 or rows.shape[0] != tree.num_nodes:
+        raise ValueError(f"{name} must have shape [N, V] with N = {tree.num_nodes} tree nodes, "
+                         f"got {tuple(rows.shape)}")
+
+
+def _flow_dtype(probs: torch.Tensor) -> torch.dtype:
+    return torch.float64 if probs.dtype == torch.float64 else torch.float32
+
+
+def _edge_probs(tree: DraftTree, probs: torch.Tensor) -> torch.Tensor:
+    """p_{parent(c)}(token of c) for every non-root node c: [N-1]."""
+    return probs[tree.parents[1:], tree.tokens[1:]]
+
+
+def _path_to(tree: DraftTree, node: torch.LongTensor) -> torch.LongTensor:
+    """Indices root..node in depth order (ancestors have smaller indices): [depth(node) + 1]. Syncs."""
+    return tree.visibility[node].nonzero().squeeze(1)
+
+
+def _residual(tree: DraftTree, probs: torch.Tensor, node: torch.LongTensor) -> torch.Tensor:
+    """res_node(y) ∝ p_node(y) [y is not a child token of node], unnormalised: [V].
+
+    If the children cover all of p_node's mass the residual is all zero; an exact verifier
+    then exits at `node` with probability 0, so this is reached only through round-off in the
+    exit masses (~1e-7). Instead of sampling from zeros we fall back to p_node itself.
+    """
+    row = probs[node]  # [V]
+    is_child = tree.parents[1:] == node  # [N-1]
+    # keep[t] = 0 iff some child of `node` carries t (min over every node that carries t).
+    keep = torch.ones_like(row).scatter_reduce(0, tree.tokens[1:], (~is_child).to(row.dtype), reduce="amin")
+    residual = row * keep
+    return torch.where(residual.sum() > 0, residual, row)
+
+
+def _walk(tree: DraftTree, next_node: torch.LongTensor) -> torch.LongTensor:
+    """Follow next_node from the root until a node has none (-1); returns the last node (0-dim).
+
+    Pointer doubling: after j rounds jump[u] is where u is after 2^j steps (stops are fixed
+    points), so ceil(log2(N)) rounds of one gather reach the end of any root path, with no
+    host sync and no per-level Python step.
+    """
+    # next_node: [N], -1 where the walk stops
+    nodes = torch.arange(tree.num_nodes, device=next_node.device)
+    jump = torch.where(next_node >= 0, next_node, nodes)  # [N]
+    for _ in range(max(tree.num_nodes - 1, 1).bit_length()):
+        jump = jump[jump]
+    return jump[0]
+
+
+def _child_by_choice(tree: DraftTree, choice: torch.LongTensor) -> torch.LongTensor:
+    """For every node u, the child whose token is choice[u], or -1: [N] (siblings have distinct tokens)."""
+    children = torch.arange(1, tree.num_nodes, device=choice.device)  # [N-1]
+    matches = choice[tree.parents[1:]] == tree.tokens[1:]  # [N-1]
+    next_node = torch.full_like(choice, -1)
+    return next_node.scatter_reduce(0, tree.parents[1:], torch.where(matches, children, -1), reduce="amax")
+
+
+# --------------------------------------------------------------------------------------------
+# Target flow and the verifiers
+
+
+def target_flow(tree: DraftTree, probs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Target flow on the tree.
+
+    Args:
+        tree (`DraftTree`): the tree.
+        probs (`torch.Tensor` of shape `[N, V]`): p_u for every node.
+
+    Returns:
+        `(P, E)`, both `[N]` (float64 for float64 probs, else float32): P(root) = 1,
+        P(c) = P(u) p_u(tok c); exit masses E(u) = P(u) - sum_{c child of u} P(c) >= 0, sum E = 1
+        (E telescopes to P(root); the clamp only acts when round-off makes child masses exceed 1).
+    """
+    _check_rows(tree, probs, "probs")
+    dtype = _flow_dtype(probs)
+    edge = _edge_probs(tree, probs).to(dtype)  # [N-1]
+    # log P(u) = sum of log edge over the path: one matmul with visibility. Zero edges are
+    # counted in a second column (log 0 = -inf would turn 0 * -inf into NaN in the matmul).
+    edge_terms = torch.zeros(tree.num_nodes, 2, dtype=dtype, device=edge.device)  # [N, 2]
+    edge_terms[1:, 0] = edge.clamp_min(torch.finfo(dtype).tiny).log()
+    edge_terms[1:, 1] = (edge == 0).to(dtype)
+    path_terms = tree.visibility.to(dtype) @ edge_terms  # [N, 2]
+    flow = path_terms[:, 0].exp() * (path_terms[:, 1] == 0)  # [N] P
+    # E(u) = P(u) - sum_c P(c) = P(u) * (1 - sum_c p_u(tok c)); the second form avoids cancelling
+    # products of P and is exactly 0 when the children's tokens cover p_u. Round-off can push the
+    # exit rate slightly below 0: clamp.
+    child_mass = torch.zeros_like(flow).index_add_(0, tree.parents[1:], edge)  # [N]
+    exit_mass = flow * (1 - child_mass).clamp_(0, 1)
+    return flow, exit_mass
+
+
+def verify_tev(tree: DraftTree, probs: torch.Tensor, generator: torch.Generator | None = None):
+    """Tree Exit Verification: draw the exit node v ~ E, accept root..v, bonus ~ res_v.
+
+    Two draws per cycle; the only [V]-sized work is the exit node's residual row.
+
+    Returns:
+        `(path, bonus)`: `torch.LongTensor` `[k + 1]` node indices root..v, and a 0-dim token id.
+    """
+    _, exit_mass = target_flow(tree, probs)
+    exit_node = _sample(exit_mass, generator)  # 0-dim
+    bonus = _sample(_residual(tree, probs, exit_node), generator)
+    return _path_to(tree, exit_node), bonus
+
+
+def verify_predraw(tree: DraftTree, probs: torch.Tensor, generator: torch.Generator | None = None):
+    """DDTree's predraw-and-follow: y_u ~ p_u at every node, follow while y_u is a child token.
+
+    Returns:
+        `(path, bonus)` as `verify_tev`; bonus = the first draw that is not a child token.
+    """
+    _check_rows(tree, probs, "probs")
+    draws = _sample(probs, generator)  # [N]
+    exit_node = _walk(tree, _child_by_choice(tree, draws))
+    return _path_to(tree, exit_node), draws[exit_node]
+
+
+def verify_residual(tree: DraftTree, probs: torch.Tensor, generator: torch.Generator | None = None):
+    """Sequential residual verification.
+
+    At node u the children are tried in builder order: with r the current normalised residual
+    (initially p_u), child token t is accepted with probability r(t); on rejection r(t) is
+    zeroed and r renormalised; the walk descends on acceptance, and if every child is
+    rejected the bonus is drawn from r. Before child j is tried, r(t_j) = p_u(t_j) / (1 -
+    mass of the earlier siblings' tokens), so all coins are flipped up front (one per edge;
+    coins off the walk are never looked at, which leaves the law unchanged).
+
+    Returns:
+        `(path, bonus)` as `verify_tev`.
+    """
+    _check_rows(tree, probs, "probs")
+    dtype = _flow_dtype(probs)
+    edge = _edge_probs(tree, probs).to(dtype)  # [N-1]
+    parents = tree.parents[1:]  # [N-1]
+    children = torch.arange(1, tree.num_nodes, device=edge.device)  # [N-1]
+    earlier_sibling = (parents[:, None] == parents[None, :]) & (children[:, None] > children[None, :])  # [N-1, N-1]
+    remaining = 1 - earlier_sibling.to(dtype) @ edge  # [N-1] residual mass when the child is tried
+    accept_prob = torch.where(remaining > 0, edge / remaining, 0).clamp_(0, 1)
+    accepted = _bernoulli(accept_prob, generator)  # [N-1]
+    # The first accepted child of each node in builder order (index order), or none.
+    first_accepted = torch.full((tree.num_nodes,), tree.num_nodes, device=edge.device)
+    first_accepted.scatter_reduce_(0, parents, torch.where(accepted, children, tree.num_nodes), reduce="amin")
+    exit_node = _walk(tree, torch.where(first_accepted < tree.num_nodes, first_accepted, -1))
+    # Every child of the exit node was rejected: r is p_v without all child tokens.
+    bonus = _sample(_residual(tree, probs, exit_node), generator)
+    return _path_to(tree, exit_node), bonus
+
+
+def verify_greedy(tree: DraftTree, logits: torch.Tensor):
+    """Temperature 0, the limit of every verifier: follow the argmax (lowest id on ties).
+
+    Args:
+        logits (`torch.Tensor` of shape `[N, V]`): target scores per node (any monotone transform of p_u).
+
+    Returns:
+        `(path, bonus)`: the deepest node v on the argmax path, and the argmax at v.
+    """
+    _check_rows(tree, logits, "logits")
+    choice = logits.argmax(-1)  # [N]
+    exit_node = _walk(tree, _child_by_choice(tree, choice))
+    return _path_to(tree, exit_node), choice[exit_node]
+
+
+VERIFIERS = {"tev": verify_tev, "predraw": verify_predraw, "residual": verify_residual}

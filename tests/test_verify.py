@@ -1,0 +1,353 @@
+"""Exactness of the verifiers: exhaustive enumeration of every draw, Monte-Carlo, greedy limit.
+
+The exact law of a verifier is obtained by running the real verifier code with its two random
+helpers (`_sample`, `_bernoulli`) replaced by scripted draws and enumerating every sequence of
+draw outcomes (depth-first, restarting the verifier for each branch), each weighted by its
+probability. The helpers themselves are covered by the seeded Monte-Carlo test, which runs the
+verifiers unpatched. The reference is the target's own sampling, computed here by walking the
+tree through the parent pointers.
+"""
+
+import math
+from collections import defaultdict
+
+import pytest
+import torch
+
+import hf_tev.verify as verify_module
+from hf_tev.tree import DraftTree, build_tree
+from hf_tev.verify import VERIFIERS, target_flow, verify_greedy, verify_predraw, verify_residual, verify_tev
+
+
+def make_tree(parents, tokens) -> DraftTree:
+    """A DraftTree from parent pointers, visibility from following the pointers (not the builder)."""
+    n = len(parents)
+    visibility = torch.zeros(n, n, dtype=torch.bool)
+    depths = []
+    for node in range(n):
+        u, depth = node, 0
+        while u >= 0:
+            visibility[node, u] = True
+            u, depth = parents[u], depth + 1
+        depths.append(depth - 1)
+    return DraftTree(tokens=torch.tensor(tokens), depths=torch.tensor(depths), parents=torch.tensor(parents),
+                     visibility=visibility)
+
+
+def children_of(tree):
+    kids = defaultdict(list)
+    for node, parent in enumerate(tree.parents.tolist()):
+        if parent >= 0:
+            kids[parent].append(node)
+    return kids
+
+
+def target_law(tree, probs):
+    """The target's own law of (exit node, first token outside the tree): P(v) * p_v(y), y not a child token."""
+    parents, tokens = tree.parents.tolist(), tree.tokens.tolist()
+    p = probs.double().tolist()
+    kids = children_of(tree)
+    law = {}
+    for v in range(tree.num_nodes):
+        mass, u = 1.0, v
+        while parents[u] >= 0:  # product of p along root..v
+            mass *= p[parents[u]][tokens[u]]
+            u = parents[u]
+        child_tokens = {tokens[c] for c in kids[v]}
+        for y in range(probs.shape[1]):
+            if y not in child_tokens and mass * p[v][y] > 0:
+                law[(v, y)] = mass * p[v][y]
+    return law
+
+
+# --------------------------------------------------------------------------------------------
+# Exhaustive enumeration of a verifier's draws
+
+
+class _NeedBranch(Exception):
+    def __init__(self, outcomes):
+        self.outcomes = outcomes  # [(outcome, probability)] with probability > 0
+
+
+class _ScriptedDraws:
+    """Replays a fixed list of draw outcomes; asks to branch when the list runs out."""
+
+    def __init__(self, script):
+        self.script, self.position, self.probability = script, 0, 1.0
+
+    def _draw(self, outcomes):
+        if self.position == len(self.script):
+            raise _NeedBranch(outcomes)
+        outcome = self.script[self.position]
+        self.position += 1
+        self.probability *= dict(outcomes)[outcome]
+        return outcome
+
+    def sample(self, weights, generator=None):  # stands in for verify._sample
+        rows = weights.double().reshape(-1, weights.shape[-1])
+        draws = []
+        for row in rows:
+            total = float(row.sum())
+            assert total > 0, "a verifier sampled from all-zero weights"
+            draws.append(self._draw([(i, w / total) for i, w in enumerate(row.tolist()) if w > 0]))
+        return torch.tensor(draws).reshape(weights.shape[:-1])
+
+    def bernoulli(self, probs, generator=None):  # stands in for verify._bernoulli
+        coins = []
+        for a in probs.double().reshape(-1).tolist():
+            assert 0.0 <= a <= 1.0
+            coins.append(self._draw([(o, q) for o, q in ((True, a), (False, 1.0 - a)) if q > 0]))
+        return torch.tensor(coins, dtype=torch.bool).reshape(probs.shape)
+
+
+def enumerate_law(verifier, tree, probs, monkeypatch):
+    """Exact law of (exit node, bonus) of `verifier`, summed over every outcome of every draw."""
+    law = defaultdict(float)
+    pending = [[]]
+    runs = 0
+    while pending:
+        script = pending.pop()
+        draws = _ScriptedDraws(script)
+        monkeypatch.setattr(verify_module, "_sample", draws.sample)
+        monkeypatch.setattr(verify_module, "_bernoulli", draws.bernoulli)
+        runs += 1
+        try:
+            path, bonus = verifier(tree, probs, generator=None)
+        except _NeedBranch as branch:
+            pending.extend(script + [outcome] for outcome, _ in branch.outcomes)
+            continue
+        assert draws.position == len(script)
+        path = path.tolist()
+        # The path is root..v through the parent pointers.
+        parents = tree.parents.tolist()
+        assert path[0] == 0 and all(parents[b] == a for a, b in zip(path, path[1:]))
+        law[(path[-1], int(bonus))] += draws.probability
+    monkeypatch.undo()
+    return dict(law), runs
+
+
+def assert_laws_equal(law, expected, tol):
+    assert abs(sum(law.values()) - 1.0) < tol
+    for key in set(law) | set(expected):
+        assert abs(law.get(key, 0.0) - expected.get(key, 0.0)) < tol, (key, law.get(key), expected.get(key))
+
+
+# --------------------------------------------------------------------------------------------
+# Fixed cases: small trees with given p_u
+
+
+def random_probs(num_nodes, vocab, seed, dtype=torch.float64, scale=2.0):
+    gen = torch.Generator().manual_seed(seed)
+    return (scale * torch.randn(num_nodes, vocab, generator=gen, dtype=torch.float64)).softmax(-1).to(dtype)
+
+
+def case_branchy():
+    # root -> {1: tok 0, 2: tok 2}; 1 -> {3: tok 1, 4: tok 3}; 2 -> {5: tok 0}; 3 -> {6: tok 2}; V = 4
+    tree = make_tree([-1, 0, 0, 1, 1, 2, 3], [9, 0, 2, 1, 3, 0, 2])
+    return tree, random_probs(7, 4, seed=0)
+
+
+def case_edge_rows():
+    # Special rows: node 1's children (tokens 1, 3) cover all of p_1 (exit rate 0, dyadic so exactly
+    # 0); root's second child (token 3) has p = 0; node 2 is one-hot on its child's token; node 4
+    # is one-hot outside its children.
+    tree = make_tree([-1, 0, 0, 1, 1, 2, 4], [9, 0, 3, 1, 3, 2, 0])
+    probs = random_probs(7, 4, seed=1)
+    probs[0] = torch.tensor([0.5, 0.25, 0.25, 0.0], dtype=torch.float64)
+    probs[1] = torch.tensor([0.0, 0.75, 0.0, 0.25], dtype=torch.float64)
+    probs[2] = torch.tensor([0.0, 0.0, 1.0, 0.0], dtype=torch.float64)
+    probs[4] = torch.tensor([0.0, 1.0, 0.0, 0.0], dtype=torch.float64)
+    return tree, probs
+
+
+def case_built():
+    # A tree from the real builder (ties included), V = 3.
+    logprobs = -0.5 * torch.tensor([[0.0, 1.0, 1.0], [0.0, 0.0, 2.0], [1.0, 0.0, 0.0]])
+    tree = build_tree(logprobs, 6, 2)
+    return tree, random_probs(tree.num_nodes, 3, seed=2)
+
+
+def case_chain_float32():
+    tree = make_tree([-1, 0, 1, 2], [5, 1, 0, 2])
+    return tree, random_probs(4, 4, seed=3, dtype=torch.float32)
+
+
+def case_branchy_flat():
+    tree, _ = case_branchy()
+    return tree, random_probs(7, 4, seed=4, scale=0.5)  # many cells with a sizeable mass
+
+
+CASES = {"branchy": case_branchy, "branchy_flat": case_branchy_flat, "edge_rows": case_edge_rows, "built": case_built, "chain_f32": case_chain_float32}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_target_flow_matches_direct_recursion(case):
+    tree, probs = CASES[case]()
+    flow, exit_mass = target_flow(tree, probs)
+    parents, tokens = tree.parents.tolist(), tree.tokens.tolist()
+    p = probs.double().tolist()
+    expected_flow = [1.0] * tree.num_nodes
+    for c in range(1, tree.num_nodes):  # parents come first
+        expected_flow[c] = expected_flow[parents[c]] * p[parents[c]][tokens[c]]
+    expected_exit = list(expected_flow)
+    for c in range(1, tree.num_nodes):
+        expected_exit[parents[c]] -= expected_flow[c]
+    tol = 1e-12 if probs.dtype == torch.float64 else 1e-6
+    assert flow.tolist() == pytest.approx(expected_flow, abs=tol)
+    assert exit_mass.tolist() == pytest.approx([max(e, 0.0) for e in expected_exit], abs=tol)
+    assert float(exit_mass.sum()) == pytest.approx(1.0, abs=tol)
+    assert (exit_mass >= 0).all()
+
+
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("name", VERIFIERS)
+def test_exact_law_equals_target(name, case, monkeypatch):
+    tree, probs = CASES[case]()
+    law, _ = enumerate_law(VERIFIERS[name], tree, probs, monkeypatch)
+    expected = target_law(tree, probs)
+    tol = 1e-9 if probs.dtype == torch.float64 else 1e-6
+    assert_laws_equal(law, expected, tol)
+    # The bonus is never a child token of the exit node (not even with zero-probability branches).
+    kids, tokens = children_of(tree), tree.tokens.tolist()
+    assert all(bonus not in {tokens[c] for c in kids[v]} for v, bonus in law)
+    # Optimal: expected block length (accepted nodes + bonus) = 1 + coverage.
+    depths = tree.depths.tolist()
+    mean_tau = sum(mass * (depths[v] + 1) for (v, _), mass in law.items())
+    coverage = float(target_flow(tree, probs)[0][1:].sum())
+    assert mean_tau == pytest.approx(1 + coverage, abs=tol)
+
+
+def test_enumeration_explores_every_draw(monkeypatch):
+    # Guard against a harness that silently explores nothing: predraw draws one token per node,
+    # so its enumeration must run through the product of all row supports.
+    tree, probs = case_chain_float32()
+    _, runs = enumerate_law(verify_predraw, tree, probs, monkeypatch)
+    assert runs > 4 ** tree.num_nodes
+    _, runs = enumerate_law(verify_tev, tree, probs, monkeypatch)
+    assert runs < 4 * tree.num_nodes + 8  # two draws only
+
+
+def test_enumeration_detects_a_wrong_verifier(monkeypatch):
+    # A deliberately wrong rule (bonus from p_v including child tokens) must be rejected.
+    def wrong_tev(tree, probs, generator=None):
+        _, exit_mass = target_flow(tree, probs)
+        node = verify_module._sample(exit_mass, generator)
+        return verify_module._path_to(tree, node), verify_module._sample(probs[node], generator)
+
+    tree, probs = case_branchy()
+    law, _ = enumerate_law(wrong_tev, tree, probs, monkeypatch)
+    with pytest.raises(AssertionError):
+        assert_laws_equal(law, target_law(tree, probs), 1e-9)
+
+
+# --------------------------------------------------------------------------------------------
+# Seeded Monte-Carlo with the real random helpers
+
+
+def chi_square_critical(dof, z=3.719):
+    """Wilson-Hilferty upper quantile of chi2(dof); z = 3.719 is the 1e-4 normal quantile."""
+    h = 2.0 / (9.0 * dof)
+    return dof * (1.0 - h + z * math.sqrt(h)) ** 3
+
+
+@pytest.mark.parametrize("case", ["branchy_flat", "edge_rows"])
+@pytest.mark.parametrize("name", VERIFIERS)
+def test_monte_carlo_frequencies_match_exact_law(name, case):
+    tree, probs = CASES[case]()
+    probs = probs.float()
+    expected = target_law(tree, probs)
+    gen = torch.Generator().manual_seed(1234)
+    num_samples = 4000
+    counts = defaultdict(int)
+    kids, tokens = children_of(tree), tree.tokens.tolist()
+    for _ in range(num_samples):
+        path, bonus = VERIFIERS[name](tree, probs, generator=gen)
+        v, y = int(path[-1]), int(bonus)
+        assert y not in {tokens[c] for c in kids[v]}
+        counts[(v, y)] += 1
+    assert set(counts) <= set(expected)
+    # Pool cells with expected count < 5 into one.
+    statistic, cells, pooled_observed, pooled_expected = 0.0, 0, 0, 0.0
+    for key, mass in expected.items():
+        e = mass * num_samples
+        if e < 5:
+            pooled_observed += counts.get(key, 0)
+            pooled_expected += e
+        else:
+            statistic += (counts.get(key, 0) - e) ** 2 / e
+            cells += 1
+    if pooled_expected > 0:
+        statistic += (pooled_observed - pooled_expected) ** 2 / pooled_expected
+        cells += 1
+    assert cells >= 6
+    assert statistic < chi_square_critical(cells - 1), (statistic, cells)
+
+
+def test_verifiers_are_reproducible_with_a_generator():
+    tree, probs = case_branchy()
+    for verifier in VERIFIERS.values():
+        first = [verifier(tree, probs, torch.Generator().manual_seed(s)) for s in range(5)]
+        again = [verifier(tree, probs, torch.Generator().manual_seed(s)) for s in range(5)]
+        for (p1, b1), (p2, b2) in zip(first, again):
+            assert torch.equal(p1, p2) and torch.equal(b1, b2)
+
+
+# --------------------------------------------------------------------------------------------
+# Greedy: the T -> 0 limit
+
+
+def greedy_by_walking(tree, logits):
+    kids, tokens = children_of(tree), tree.tokens.tolist()
+    node = 0
+    while True:
+        best = int(logits[node].argmax())
+        nxt = [c for c in kids[node] if tokens[c] == best]
+        if not nxt:
+            return node, best
+        node = nxt[0]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_greedy_is_the_zero_temperature_limit(seed):
+    gen = torch.Generator().manual_seed(seed)
+    logprobs = (3 * torch.randn(4, 5, generator=gen)).log_softmax(-1)
+    tree = build_tree(logprobs, 14, 0)
+    # Quantised logits so that ties occur (argmax takes the lowest id); correlate them with the
+    # tree so that the argmax path goes deep.
+    logits = torch.randint(0, 3, (tree.num_nodes, 5), generator=gen).float()
+    next_tokens = torch.full((tree.num_nodes,), -1)
+    next_tokens[tree.parents[1:]] = tree.tokens[1:]
+    has_child = next_tokens >= 0
+    logits[has_child, next_tokens[has_child]] += 2 * (torch.rand(int(has_child.sum()), generator=gen) < 0.7)
+    path, bonus = verify_greedy(tree, logits)
+    node, best = greedy_by_walking(tree, logits)
+    assert int(path[-1]) == node and int(bonus) == best
+    assert path.tolist() == tree.visibility[node].nonzero().squeeze(1).tolist()
+    one_hot = torch.nn.functional.one_hot(logits.argmax(-1), 5).float()
+    for verifier in VERIFIERS.values():
+        for s in range(3):
+            sampled_path, sampled_bonus = verifier(tree, one_hot, torch.Generator().manual_seed(s))
+            assert torch.equal(sampled_path, path) and int(sampled_bonus) == best
+
+
+def test_single_node_tree():
+    tree = make_tree([-1], [3])
+    probs = torch.tensor([[0.0, 0.0, 1.0]])
+    for verifier in VERIFIERS.values():
+        path, bonus = verifier(tree, probs, torch.Generator().manual_seed(0))
+        assert path.tolist() == [0] and int(bonus) == 2
+    path, bonus = verify_greedy(tree, probs)
+    assert path.tolist() == [0] and int(bonus) == 2 and bonus.dim() == 0
+
+
+def test_bad_inputs_raise_clear_errors():
+    tree, probs = case_branchy()
+    for fn in (target_flow, verify_tev, verify_predraw, verify_residual, verify_greedy):
+        with pytest.raises(ValueError, match="tree nodes"):
+            fn(tree, probs[:-1])
+        with pytest.raises(ValueError, match=r"shape \[N, V\]"):
+            fn(tree, probs[0])
+        with pytest.raises(TypeError, match="floating"):
+            fn(tree, probs.long())
+        with pytest.raises(TypeError, match="torch.Tensor"):
+            fn(tree, probs.tolist())
