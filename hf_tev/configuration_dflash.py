@@ -1,0 +1,160 @@
+"""Configuration of DFlash block-diffusion drafters, in the layout the published checkpoints use.
+
+A published DFlash drafter (e.g. `z-lab/Qwen3-8B-DFlash-b16`) ships a Qwen3-style `config.json`
+(`model_type: "qwen3"`, `architectures: ["DFlashDraftModel"]`) with three additions (SPEC section 2):
+top-level `block_size` and `num_target_layers`, and a `dflash_config` dict holding `target_layer_ids` and
+`mask_token_id` (newer checkpoints also put `block_size` there). `DFlashConfig` reads every place these
+can live, exposes them as plain attributes (`config.block_size`, `config.mask_token_id`,
+`config.target_layer_ids`, which is also what transformers' native `speculation_type="dflash"` path reads),
+and writes the published layout back, including the legacy rope fields transformers 4.x reads
+(`rope_theta`, `rope_scaling`), so saved drafters stay loadable by the publishers' code.
+
+Newer DFlash variants add fields (sliding-window draft layers, logit soft-capping, convolution and
+selector modules, ...). What this implementation does not compute is refused with an error naming the
+field, never loaded silently wrong.
+"""
+
+from typing import Any
+
+from huggingface_hub.dataclasses import strict
+from transformers import Qwen3Config
+
+# Keys of `dflash_config` this implementation understands.
+DFLASH_KEYS = ("target_layer_ids", "mask_token_id", "block_size")
+
+# Fields of newer DFlash variants (read from `dflash_config` or the top level by the publishers' code) that
+# change the computation. Their neutral values are accepted; anything else is refused.
+NEUTRAL_VARIANT_FIELDS: dict[str, tuple] = {
+    "input_embedding_scale": (1, 1.0),
+    "output_multiplier": (1, 1.0),
+    "final_logit_softcapping": (None, 0, 0.0),
+    "is_causal": (None, False),
+    "conv_kernel_size": (None,),
+    "conv_group_size": (None,),
+    "selector_rank": (None,),
+    "selector_top_k": (None,),
+    "projector_type": (None, "linear"),
+}
+
+# Extra (non-field) top-level keys that carry no computation: metadata and legacy spellings that
+# transformers itself converts (`rope_theta` / `rope_scaling` -> `rope_parameters`, `torch_dtype` -> `dtype`).
+BENIGN_EXTRA_KEYS = frozenset({
+    "auto_map", "transformers_version", "torch_dtype", "rope_theta", "rope_scaling", "name_or_path",
+    "_name_or_path", "_commit_hash", "attn_implementation", "experts_implementation", "output_attentions",
+    "num_labels", "model_type",
+})
+
+
+def default_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]:
+    """The publishers' default choice of target layers (SPEC section 2), used when a config has none.
+
+    One draft layer reads the middle target layer; several read evenly spaced layers from 1 to T - 3.
+    Python's `round` (half to even) is what the publishers' code uses, so it is used here too.
+    """
+    if num_draft_layers == 1:
+        return [num_target_layers // 2]
+    span = num_target_layers - 4
+    return [int(round(1 + i * span / (num_draft_layers - 1))) for i in range(num_draft_layers)]
+
+
+@strict
+class DFlashConfig(Qwen3Config):
+    r"""
+    Qwen3 configuration of a DFlash drafter, plus:
+
+    block_size (`int`, defaults to 16):
+        Length `L` of the drafted block `[root, MASK x (L - 1)]`; the drafter proposes `L - 1` tokens.
+    num_target_layers (`int`, *optional*):
+        Number of decoder layers of the target model the drafter was built for.
+    mask_token_id (`int`, *optional*):
+        Token of the target vocabulary whose embedding fills the masked block positions.
+    target_layer_ids (`list[int]`, *optional*):
+        Target layers whose outputs (hidden-state index `l + 1`) are concatenated as context features.
+        Defaults to `default_target_layer_ids(num_target_layers, num_hidden_layers)`.
+    dflash_config (`dict`, *optional*):
+        The published nested form of `target_layer_ids` / `mask_token_id` (and, in newer checkpoints,
+        `block_size`). Values found there take precedence over top-level ones, as in the publishers' code.
+    """
+
+    block_size: int = 16
+    num_target_layers: int | None = None
+    mask_token_id: int | None = None
+    target_layer_ids: list[int] | None = None
+    dflash_config: dict | None = None
+
+    def __post_init__(self, **kwargs):
+        _refuse_unsupported(self, kwargs)
+        nested = dict(self.dflash_config or {})
+        if "block_size" in nested:
+            self.block_size = nested["block_size"]
+        self.mask_token_id = nested.get("mask_token_id", self.mask_token_id)
+        self.target_layer_ids = nested.get("target_layer_ids", self.target_layer_ids)
+        if self.target_layer_ids is None and self.num_target_layers is not None:
+            self.target_layer_ids = default_target_layer_ids(self.num_target_layers, self.num_hidden_layers)
+        self.dflash_config = nested
+        super().__post_init__(**kwargs)
+        _check_values(self)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Serialise in the published layout: DFlash fields inside `dflash_config`, legacy 4.x rope fields added."""
+        output = super().to_dict()
+        nested = dict(output.get("dflash_config") or {})
+        nested["target_layer_ids"] = output.pop("target_layer_ids")
+        nested["mask_token_id"] = output.pop("mask_token_id")
+        if "block_size" in nested:  # keep it where the loaded checkpoint had it; always also at top level
+            nested["block_size"] = output["block_size"]
+        output["dflash_config"] = nested
+        output.update(_legacy_rope_fields(output.get("rope_parameters")))
+        return output
+
+
+def _legacy_rope_fields(rope_parameters: dict | None) -> dict[str, Any]:
+    # transformers 4.x (the publishers' code) reads `rope_theta` / `rope_scaling`, not `rope_parameters`.
+    if not rope_parameters or "rope_theta" not in rope_parameters:
+        return {}
+    scaling = {k: v for k, v in rope_parameters.items() if k != "rope_theta"}
+    return {
+        "rope_theta": rope_parameters["rope_theta"],
+        "rope_scaling": None if scaling.get("rope_type", "default") == "default" and len(scaling) <= 1 else scaling,
+    }
+
+
+def _refuse_unsupported(config: DFlashConfig, extra: dict[str, Any]) -> None:
+    """Raise ValueError naming every field whose value this implementation does not compute."""
+    problems = []
+    nested = config.dflash_config or {}
+    for key, value in nested.items():
+        if key in DFLASH_KEYS:
+            continue
+        if key in NEUTRAL_VARIANT_FIELDS and value in NEUTRAL_VARIANT_FIELDS[key]:
+            continue
+        problems.append(f"dflash_config.{key}={value!r}")
+    for key, value in extra.items():
+        if key in BENIGN_EXTRA_KEYS:
+            continue
+        if key in NEUTRAL_VARIANT_FIELDS and value in NEUTRAL_VARIANT_FIELDS[key]:
+            continue
+        problems.append(f"{key}={value!r}")
+    if problems:
+        raise ValueError(
+            "DFlash drafter config has fields hf_tev does not support (a DFlash variant this implementation "
+            f"would compute wrongly): {', '.join(problems)}"
+        )
+
+
+def _check_values(config: DFlashConfig) -> None:
+    """Values of known fields that hf_tev cannot honour (called after Qwen3's own normalisation)."""
+    problems = []
+    if config.use_sliding_window or any(t != "full_attention" for t in config.layer_types):
+        problems.append(f"sliding-window draft layers (use_sliding_window={config.use_sliding_window}, "
+                        f"layer_types={config.layer_types}) are not supported")
+    if not isinstance(config.block_size, int) or config.block_size < 2:
+        problems.append(f"block_size={config.block_size!r} must be an int >= 2")
+    ids = config.target_layer_ids
+    if ids is not None:
+        if not ids or any(not isinstance(i, int) or i < 0 for i in ids):
+            problems.append(f"target_layer_ids={ids!r} must be a non-empty list of layer indices >= 0")
+        elif config.num_target_layers is not None and max(ids) >= config.num_target_layers:
+            problems.append(f"target_layer_ids={ids} reach past num_target_layers={config.num_target_layers}")
+    if problems:
+        raise ValueError("Unsupported DFlash drafter config: " + "; ".join(problems))

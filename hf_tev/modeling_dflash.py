@@ -1,0 +1,349 @@
+"""DFlash block-diffusion drafter (SPEC section 2) as a transformers `PreTrainedModel`.
+
+The drafter is a small Qwen3-style stack without embeddings or LM head. Per draft cycle it reads
+ - context rows: target hidden states of committed tokens, concatenated over `target_layer_ids`
+   (hidden-state index `l + 1`) and projected by `fc` + `hidden_norm`;
+ - block rows: the target's embeddings of `[root, MASK, ..., MASK]`.
+Queries come from the block rows only; keys/values from the context rows followed by the block rows, so
+the block sees every context row and itself bidirectionally. The target's LM head on the final-normed
+block rows 1..L-1 gives the per-depth draft marginals q_1..q_D.
+
+Context K/V are cached across cycles; block K/V are appended by the forward and must be cropped by the
+caller before the next cycle (`draft_logits` does it; transformers' native `speculation_type="dflash"`
+generator does it itself), so the same forward serves both hf_tev's tree decoder and
+`target.generate(..., assistant_model=drafter, speculation_type="dflash")`.
+
+Checkpoints load from and save to the published layout (`layers.N...`, `fc.weight`, `hidden_norm.weight`,
+`norm.weight`), from safetensors only, strictly.
+"""
+
+import os
+from collections.abc import Callable
+
+import torch
+from torch import nn
+from transformers import DynamicCache, PreTrainedModel
+from transformers.cache_utils import Cache
+from transformers.modeling_layers import GradientCheckpointingLayer
+from transformers.modeling_outputs import BaseModelOutputWithPast
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+from transformers.models.qwen3.modeling_qwen3 import (
+    Qwen3Attention,
+    Qwen3MLP,
+    Qwen3RMSNorm,
+    Qwen3RotaryEmbedding,
+    eager_attention_forward,
+    rotate_half,
+)
+from transformers.utils import cached_file
+from transformers.utils.deprecation import deprecate_kwarg
+
+from .configuration_dflash import DFlashConfig, default_target_layer_ids
+
+SAFE_WEIGHTS_NAMES = ("model.safetensors", "model.safetensors.index.json")
+PICKLE_WEIGHTS_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    # x: [B, heads, S, head_dim]; cos, sin: [B, S, head_dim]
+    return x * cos.unsqueeze(1) + rotate_half(x) * sin.unsqueeze(1)
+
+
+class DFlashAttention(Qwen3Attention):
+    """Qwen3 attention (same weights and names) with queries from the block rows only and keys/values from
+    the context rows followed by the block rows."""
+
+    def __init__(self, config: DFlashConfig, layer_idx: int):
+        super().__init__(config, layer_idx)
+        self.is_causal = False  # the block attends to itself bidirectionally (and to every context row)
+
+    def forward(self, hidden_states, context, position_embeddings, attention_mask=None, cache=None):
+        # hidden_states: [B, L, H] normed block rows; context: [B, c, H] projected context rows
+        # position_embeddings: (cos, sin) [B, c + L, head_dim]; attention_mask: None or [B|1, 1, L, kv] additive
+        batch, block_len = hidden_states.shape[:2]
+        kv_inputs = torch.cat([context, hidden_states], dim=1)  # [B, c + L, H]
+        query = self.q_norm(self.q_proj(hidden_states).view(batch, block_len, -1, self.head_dim)).transpose(1, 2)
+        key = self.k_norm(self.k_proj(kv_inputs).view(batch, kv_inputs.shape[1], -1, self.head_dim)).transpose(1, 2)
+        value = self.v_proj(kv_inputs).view(batch, kv_inputs.shape[1], -1, self.head_dim).transpose(1, 2)
+
+        cos, sin = position_embeddings
+        query = _rotate(query, cos[:, -block_len:], sin[:, -block_len:])
+        key = _rotate(key, cos, sin)
+        if cache is not None:  # appends context + block K/V; returns everything cached so far
+            key, value = cache.update(key, value, self.layer_idx)
+
+        attention_interface: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(
+            self.config._attn_implementation, eager_attention_forward
+        )
+        attn_output, _ = attention_interface(
+            self, query, key, value, attention_mask,
+            dropout=0.0 if not self.training else self.attention_dropout, scaling=self.scaling,
+        )
+        return self.o_proj(attn_output.reshape(batch, block_len, -1))
+
+
+class DFlashDecoderLayer(GradientCheckpointingLayer):
+    """Pre-norm residual layer like Qwen3's; the context rows enter the attention un-normed."""
+
+    def __init__(self, config: DFlashConfig, layer_idx: int):
+        super().__init__()
+        self.self_attn = DFlashAttention(config, layer_idx)
+        self.mlp = Qwen3MLP(config)
+        self.input_layernorm = Qwen3RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.post_attention_layernorm = Qwen3RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+
+    def forward(self, hidden_states, context, position_embeddings, attention_mask=None, cache=None):
+        hidden_states = hidden_states + self.self_attn(
+            self.input_layernorm(hidden_states), context, position_embeddings, attention_mask, cache
+        )
+        return hidden_states + self.mlp(self.post_attention_layernorm(hidden_states))
+
+
+class DFlashDraftModel(PreTrainedModel):
+    """DFlash drafter. Uses the target's `embed_tokens` and `lm_head` at run time, never owns them."""
+
+    config_class = DFlashConfig
+    config: DFlashConfig
+    main_input_name = "noise_embeds"
+    _no_split_modules = ["DFlashDecoderLayer"]
+    supports_gradient_checkpointing = True
+    _supports_sdpa = True
+
+    def __init__(self, config: DFlashConfig):
+        super().__init__(config)
+        if config.target_layer_ids is None:
+            raise ValueError("DFlash drafter config has no target_layer_ids: set dflash_config.target_layer_ids "
+                             "or num_target_layers (for the default rule)")
+        self.layers = nn.ModuleList(DFlashDecoderLayer(config, i) for i in range(config.num_hidden_layers))
+        self.norm = Qwen3RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.rotary_emb = Qwen3RotaryEmbedding(config)
+        self.fc = nn.Linear(len(config.target_layer_ids) * config.hidden_size, config.hidden_size, bias=False)
+        self.hidden_norm = Qwen3RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.post_init()
+
+    # ------------------------------------------------------------------ forward
+
+    @deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")
+    def forward(
+        self,
+        noise_embeds: torch.Tensor,
+        context_hidden_states: torch.Tensor,
+        position_ids: torch.LongTensor,
+        attention_mask: torch.Tensor | None = None,
+        cache: Cache | None = None,
+        **kwargs,
+    ) -> BaseModelOutputWithPast:
+        """Draft one block (transformers' native DFlash drafter interface).
+
+        Args:
+            noise_embeds (`torch.Tensor` of shape `[B, L, H]`): target embeddings of `[root, MASK, ...]`.
+            context_hidden_states (`torch.Tensor` of shape `[B, c, k * H]`): new context rows, i.e. target
+                hidden states at `target_hidden_indices` concatenated (`context_features`); `c` may be 0.
+            position_ids (`torch.LongTensor` of shape `[B|1, c + L]`): positions of the context rows, then
+                of the block rows.
+            attention_mask (`torch.Tensor`, *optional*): None (block sees all cached and new context rows
+                and itself), a 2D padding mask `[B, past + c + L]` (1 = visible; the native path's), or a
+                4D additive float mask `[B|1, 1, L, past + c + L]` used as given (bool: True = visible).
+            cache (`Cache`, *optional*): context + block K/V are appended; cropping the block rows is the
+                caller's job.
+        Returns:
+            `BaseModelOutputWithPast` with `last_hidden_state` `[B, L, H]` (final-normed block rows), `cache`.
+        """
+        kwargs.pop("use_cache", None)  # the presence of `cache` decides
+        if kwargs:
+            raise TypeError(f"DFlashDraftModel.forward got unexpected arguments: {sorted(kwargs)}")
+        block_len = noise_embeds.shape[1]
+        context = self.hidden_norm(self.fc(context_hidden_states))  # [B, c, H]
+        if position_ids.shape[-1] != context.shape[1] + block_len:
+            raise ValueError(f"position_ids cover {position_ids.shape[-1]} rows, expected context "
+                             f"{context.shape[1]} + block {block_len}")
+        past = cache.get_seq_length() if cache is not None else 0
+        mask = _attention_bias(attention_mask, block_len, past + context.shape[1] + block_len, noise_embeds.dtype)
+        position_embeddings = self.rotary_emb(noise_embeds, position_ids)
+
+        hidden_states = noise_embeds
+        for layer in self.layers:
+            hidden_states = layer(hidden_states, context, position_embeddings, mask, cache)
+        return BaseModelOutputWithPast(last_hidden_state=self.norm(hidden_states), cache=cache)
+
+    # ------------------------------------------------------------- tree decoder API
+
+    @property
+    def target_hidden_indices(self) -> list[int]:
+        """Indices into the target's `output_hidden_states` tuple (index 0 is the embedding output)."""
+        return [i + 1 for i in self.config.target_layer_ids]
+
+    def context_features(self, hidden_states) -> torch.Tensor:
+        """Context rows from a target output's `hidden_states` tuple -> `[B, T, k * H]`.
+
+        Works with the full tuple and with transformers' selective one (`output_hidden_states=<list>`,
+        None at unselected indices).
+        """
+        return torch.cat([hidden_states[i] for i in self.target_hidden_indices], dim=-1)
+
+    def new_cache(self) -> Cache:
+        """The cache `draft_logits` keeps context K/V in (one per generation)."""
+        return DynamicCache(config=self.config)
+
+    def draft_logits(self, target, context_hidden_states, block_ids, position_ids, cache=None) -> torch.Tensor:
+        """Draft marginals of one block: `[B, L - 1, V]` logits q_1..q_D from the target's LM head.
+
+        Args:
+            target: the target model (its input embeddings embed the block, its output embeddings score it).
+            context_hidden_states (`[B, c, k * H]`): new context rows (all of them when `cache` is None).
+            block_ids (`[B, L]`): `[root, mask, ..., mask]`, `L <= block_size`.
+            position_ids (`[B|1, c + L]`): positions of the context rows, then of the block rows.
+            cache: `new_cache()` or None. The new context K/V are kept; the block rows are removed again.
+        """
+        noise_embeds = target.get_input_embeddings()(block_ids)  # [B, L, H]
+        block_rows = self(noise_embeds, context_hidden_states, position_ids, cache=cache).last_hidden_state
+        if cache is not None:
+            cache.crop(-block_ids.shape[1])  # a view: only context K/V remain, no copy
+        return target.get_output_embeddings()(block_rows[:, 1:])
+
+    def check_target(self, target) -> None:
+        """Raise ValueError naming every way this drafter does not fit `target`."""
+        text_config = target.config.get_text_config()
+        head = target.get_output_embeddings()
+        embeddings = target.get_input_embeddings()
+        cfg = self.config
+        problems = []
+        if text_config.hidden_size != cfg.hidden_size:
+            problems.append(f"hidden size: drafter {cfg.hidden_size}, target {text_config.hidden_size}")
+        if head is None:
+            problems.append("the target has no output embeddings (LM head)")
+        elif head.weight.shape[0] != cfg.vocab_size:
+            problems.append(f"vocabulary: drafter {cfg.vocab_size}, target LM head {head.weight.shape[0]}")
+        if cfg.mask_token_id is None:
+            problems.append("mask_token_id is not set")
+        elif not 0 <= cfg.mask_token_id < embeddings.weight.shape[0]:
+            problems.append(f"mask_token_id {cfg.mask_token_id} outside the target's "
+                            f"{embeddings.weight.shape[0]} embeddings")
+        if cfg.num_target_layers is not None and cfg.num_target_layers != text_config.num_hidden_layers:
+            problems.append(f"layers: drafter built for {cfg.num_target_layers} target layers, target has "
+                            f"{text_config.num_hidden_layers}")
+        if max(cfg.target_layer_ids) >= text_config.num_hidden_layers:
+            problems.append(f"target_layer_ids {cfg.target_layer_ids} reach past the target's "
+                            f"{text_config.num_hidden_layers} layers")
+        if problems:
+            raise ValueError("DFlash drafter does not fit the target: " + "; ".join(problems))
+
+    # ------------------------------------------------------------- construction
+
+    @classmethod
+    def from_target(cls, target, num_layers: int = 1, block_size: int = 16, mask_token_id: int | None = None):
+        """A freshly initialised drafter sized for `target` (same dtype and device).
+
+        Hidden size, heads, head_dim, KV heads, intermediate size, activation, rope parameters, rms eps and
+        vocabulary are the target's; `target_layer_ids` follow the default rule. Without `mask_token_id`,
+        the mask token is `default_mask_token_id(target.config)`.
+        """
+        tc = target.config.get_text_config()
+        config = DFlashConfig(
+            vocab_size=target.get_output_embeddings().weight.shape[0],
+            hidden_size=tc.hidden_size,
+            intermediate_size=tc.intermediate_size,
+            num_hidden_layers=num_layers,
+            num_attention_heads=tc.num_attention_heads,
+            num_key_value_heads=getattr(tc, "num_key_value_heads", None) or tc.num_attention_heads,
+            head_dim=getattr(tc, "head_dim", None) or tc.hidden_size // tc.num_attention_heads,
+            hidden_act=tc.hidden_act,
+            max_position_embeddings=tc.max_position_embeddings,
+            rms_norm_eps=tc.rms_norm_eps,
+            rope_parameters=dict(tc.rope_parameters),
+            bos_token_id=tc.bos_token_id,
+            eos_token_id=tc.eos_token_id,
+            pad_token_id=tc.pad_token_id,
+            block_size=block_size,
+            num_target_layers=tc.num_hidden_layers,
+            target_layer_ids=default_target_layer_ids(tc.num_hidden_layers, num_layers),
+            mask_token_id=default_mask_token_id(tc) if mask_token_id is None else mask_token_id,
+        )
+        drafter = cls._from_config(config, dtype=target.dtype).to(target.device)
+        drafter.check_target(target)
+        return drafter.train(target.training)
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *model_args, **kwargs):
+        """Load a published-layout DFlash checkpoint (local folder or Hub id), safetensors only, strictly:
+        a missing, unexpected or mis-shaped weight raises ValueError naming it."""
+        if kwargs.get("use_safetensors") is False:
+            raise ValueError("DFlashDraftModel loads safetensors only (use_safetensors=False is not supported)")
+        _require_safetensors(pretrained_model_name_or_path, kwargs)
+        want_info = kwargs.pop("output_loading_info", False)
+        kwargs.update(use_safetensors=True, ignore_mismatched_sizes=True)  # mismatches are reported below
+        model, info = super().from_pretrained(pretrained_model_name_or_path, *model_args,
+                                              output_loading_info=True, **kwargs)
+        problems = []
+        if info["missing_keys"]:
+            problems.append(f"missing weights {sorted(info['missing_keys'])}")
+        if info["unexpected_keys"]:
+            problems.append(f"unexpected weights {sorted(info['unexpected_keys'])}")
+        if info["mismatched_keys"]:
+            problems.append("weights of the wrong shape " + ", ".join(
+                f"{name} (checkpoint {tuple(ckpt)}, model {tuple(ours)})"
+                for name, ckpt, ours in sorted(info["mismatched_keys"])))
+        if problems:
+            raise ValueError(f"{pretrained_model_name_or_path} is not a DFlash drafter checkpoint this config "
+                             "describes: " + "; ".join(problems))
+        return (model, info) if want_info else model
+
+
+def default_mask_token_id(text_config) -> int:
+    """Mask token for a new drafter: the target's pad token when it has one that is not also an EOS token
+    (it never appears inside generated text), else the last vocabulary id (on published tokenizers a reserved
+    or unused slot, like the `<|MASK|>` id the published Qwen3 drafters add after the tokenizer's tokens)."""
+    eos = text_config.eos_token_id
+    eos_ids = set(eos) if isinstance(eos, (list, tuple)) else {eos}
+    pad = text_config.pad_token_id
+    if pad is not None and pad not in eos_ids:
+        return pad
+    return text_config.vocab_size - 1
+
+
+def _attention_bias(attention_mask, block_len: int, kv_len: int, dtype) -> torch.Tensor | None:
+    """Additive float mask `[B|1, 1, L, kv]` (or `[B, 1, 1, kv]`) for the block queries, or None."""
+    if attention_mask is None:
+        return None
+    if attention_mask.dim() == 2:  # padding mask over cached + new context + block, 1 = visible
+        if attention_mask.shape[-1] != kv_len:
+            raise ValueError(f"2D attention_mask has {attention_mask.shape[-1]} columns, expected cached + context "
+                             f"+ block = {kv_len}")
+        visible = attention_mask[:, None, None, :].bool()
+    elif attention_mask.dim() == 4:
+        if tuple(attention_mask.shape[-2:]) != (block_len, kv_len):
+            raise ValueError(f"4D attention_mask has shape {tuple(attention_mask.shape)}, expected "
+                             f"[B, 1, {block_len}, {kv_len}] (block queries x cached + context + block keys)")
+        if attention_mask.dtype != torch.bool:
+            return attention_mask.to(dtype)
+        visible = attention_mask
+    else:
+        raise ValueError(f"attention_mask must be 2D or 4D, got shape {tuple(attention_mask.shape)}")
+    return torch.zeros(visible.shape, dtype=dtype, device=visible.device).masked_fill_(
+        ~visible, torch.finfo(dtype).min)
+
+
+def _require_safetensors(path, kwargs) -> None:
+    """Refuse checkpoints without safetensors weights before transformers considers pickle files."""
+    path = str(path)
+    subfolder = kwargs.get("subfolder") or ""
+    if os.path.isfile(path):
+        if not path.endswith(".safetensors"):
+            raise ValueError(f"{path}: DFlashDraftModel loads safetensors weights only, refusing a pickle file")
+        return
+    if os.path.isdir(path):
+        folder = os.path.join(path, subfolder)
+        if any(os.path.isfile(os.path.join(folder, name)) for name in SAFE_WEIGHTS_NAMES):
+            return
+        pickles = sorted(f for f in os.listdir(folder) if f.endswith(PICKLE_WEIGHTS_SUFFIXES)) if os.path.isdir(folder) else []
+        raise ValueError(f"{folder} has no model.safetensors; DFlashDraftModel loads safetensors weights only and "
+                         f"refuses pickle weights{' (found ' + ', '.join(pickles) + ')' if pickles else ''}. "
+                         "Convert them with safetensors first.")
+    hub_kwargs = {k: kwargs[k] for k in ("revision", "token", "cache_dir", "local_files_only", "subfolder",
+                                          "force_download", "proxies") if k in kwargs}
+    for name in SAFE_WEIGHTS_NAMES:
+        if cached_file(path, name, _raise_exceptions_for_missing_entries=False,
+                       _raise_exceptions_for_gated_repo=False, **hub_kwargs) is not None:
+            return
+    raise ValueError(f"{path} has no model.safetensors (or index) on the Hub or in the cache; DFlashDraftModel "
+                     "loads safetensors weights only and refuses pickle weights such as pytorch_model.bin")
