@@ -33,7 +33,7 @@ NEUTRAL_VARIANT_FIELDS: dict[str, tuple] = {
     "conv_group_size": (None,),
     "selector_rank": (None,),
     "selector_top_k": (None,),
-    "projector_type": (None, "linear"),
+    "projector_type": (None,),
 }
 
 # Extra (non-field) top-level keys that carry no computation: metadata and legacy spellings that

@@ -232,7 +232,8 @@ class DFlashDraftModel(PreTrainedModel):
 
     @classmethod
     def from_target(cls, target, num_layers: int = 1, block_size: int = 16, mask_token_id: int | None = None):
-        """A freshly initialised drafter sized for `target` (same dtype and device).
+        """A freshly initialised drafter sized for `target` (same dtype and device, eval mode like
+        `from_pretrained`).
 
         Hidden size, heads, head_dim, KV heads, intermediate size, activation, rope parameters, rms eps and
         vocabulary are the target's; `target_layer_ids` follow the default rule. Without `mask_token_id`,
@@ -261,7 +262,7 @@ class DFlashDraftModel(PreTrainedModel):
         )
         drafter = cls._from_config(config, dtype=target.dtype).to(target.device)
         drafter.check_target(target)
-        return drafter.train(target.training)
+        return drafter.eval()
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, *model_args, **kwargs):
@@ -335,15 +336,21 @@ def _require_safetensors(path, kwargs) -> None:
         folder = os.path.join(path, subfolder)
         if any(os.path.isfile(os.path.join(folder, name)) for name in SAFE_WEIGHTS_NAMES):
             return
-        pickles = sorted(f for f in os.listdir(folder) if f.endswith(PICKLE_WEIGHTS_SUFFIXES)) if os.path.isdir(folder) else []
+        files = os.listdir(folder) if os.path.isdir(folder) else []
+        pickles = sorted(f for f in files if f.endswith(PICKLE_WEIGHTS_SUFFIXES))
         raise ValueError(f"{folder} has no model.safetensors; DFlashDraftModel loads safetensors weights only and "
                          f"refuses pickle weights{' (found ' + ', '.join(pickles) + ')' if pickles else ''}. "
                          "Convert them with safetensors first.")
     hub_kwargs = {k: kwargs[k] for k in ("revision", "token", "cache_dir", "local_files_only", "subfolder",
                                           "force_download", "proxies") if k in kwargs}
-    for name in SAFE_WEIGHTS_NAMES:
-        if cached_file(path, name, _raise_exceptions_for_missing_entries=False,
-                       _raise_exceptions_for_gated_repo=False, **hub_kwargs) is not None:
-            return
-    raise ValueError(f"{path} has no model.safetensors (or index) on the Hub or in the cache; DFlashDraftModel "
-                     "loads safetensors weights only and refuses pickle weights such as pytorch_model.bin")
+
+    def exists(name):
+        return cached_file(path, name, _raise_exceptions_for_missing_entries=False,
+                           _raise_exceptions_for_gated_repo=False, **hub_kwargs) is not None
+
+    if any(exists(name) for name in SAFE_WEIGHTS_NAMES):
+        return
+    if not exists("config.json"):
+        raise OSError(f"{path}: no DFlash checkpoint found (no config.json locally, in the cache or on the Hub)")
+    raise ValueError(f"{path} has no model.safetensors (or index); DFlashDraftModel loads safetensors weights "
+                     "only and refuses pickle weights such as pytorch_model.bin")

@@ -131,9 +131,11 @@ def reference_block_rows(w: dict, noise, context_features, positions, num_layers
     return rmsnorm(h, w["norm.weight"])
 
 
-def test_published_checkpoint_loads_strictly_and_matches_reference(checkpoint):
+@pytest.mark.parametrize("attn_implementation", ["sdpa", "eager"])
+def test_published_checkpoint_loads_strictly_and_matches_reference(checkpoint, attn_implementation):
     folder, weights = checkpoint
-    drafter = DFlashDraftModel.from_pretrained(folder).eval()
+    drafter = DFlashDraftModel.from_pretrained(folder, attn_implementation=attn_implementation)
+    assert not drafter.training and drafter.config._attn_implementation == attn_implementation
     assert drafter.dtype == torch.float32
     assert (drafter.config.block_size, drafter.config.mask_token_id, drafter.config.target_layer_ids) == (4, 95, [1, 3])
     assert drafter.config.num_target_layers == 6 and drafter.config.rope_parameters["rope_theta"] == THETA
@@ -177,7 +179,8 @@ def test_save_pretrained_round_trip_is_bit_identical(tmp_path):
 
     reloaded = DFlashDraftModel.from_pretrained(tmp_path / "saved")
     reloaded.save_pretrained(tmp_path / "again")
-    assert (tmp_path / "again" / "model.safetensors").read_bytes() == (tmp_path / "saved" / "model.safetensors").read_bytes()
+    saved_bytes = (tmp_path / "saved" / "model.safetensors").read_bytes()
+    assert (tmp_path / "again" / "model.safetensors").read_bytes() == saved_bytes
     assert json.loads((tmp_path / "again" / "config.json").read_text()) == config
 
 
@@ -331,7 +334,9 @@ def test_native_transformers_dflash_generate(arch, left_pad):
         torch.testing.assert_close(replay, call["out"], atol=1e-5, rtol=1e-5)
 
 
-def test_from_target_sizes_and_mask_rule(qwen3_target, llama_target):
+def test_from_target_sizes_and_mask_rule(tmp_path, qwen3_target, llama_target):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
     drafter = DFlashDraftModel.from_target(qwen3_target, num_layers=2, block_size=8)
     tc = qwen3_target.config
     cfg = drafter.config
@@ -342,6 +347,20 @@ def test_from_target_sizes_and_mask_rule(qwen3_target, llama_target):
     assert cfg.mask_token_id == 0  # the target's pad id (0) differs from its eos (2)
     assert not any("embed" in n or "lm_head" in n for n, _ in drafter.named_parameters())
     assert DFlashDraftModel.from_target(llama_target, mask_token_id=7).config.mask_token_id == 7
+
+    # a Llama-3.1-style "llama3" rope is copied, computed like the target's, and survives a save round trip
+    llama = LlamaForCausalLM(LlamaConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=256, eos_token_id=2,
+        rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+                         "high_freq_factor": 4.0, "original_max_position_embeddings": 64})).eval()
+    drafter = DFlashDraftModel.from_target(llama)
+    assert torch.equal(drafter.rotary_emb.inv_freq, llama.model.rotary_emb.inv_freq)
+    assert drafter.config.mask_token_id == 63  # no pad token: the last vocabulary id
+    drafter.save_pretrained(tmp_path / "llama3")
+    reloaded = DFlashDraftModel.from_pretrained(tmp_path / "llama3")
+    assert reloaded.config.rope_parameters == llama.config.rope_parameters
+    assert torch.equal(reloaded.rotary_emb.inv_freq, llama.model.rotary_emb.inv_freq)
 
     class Cfg:  # pad == eos, or no pad at all: the last vocabulary id
         vocab_size, eos_token_id, pad_token_id = 100, [2, 5], 5
@@ -373,6 +392,29 @@ def test_refuses_pickle_only_folder(tmp_path):
     torch.save(published_weights(2, 2), folder / "pytorch_model.bin")
     with pytest.raises(ValueError, match=r"safetensors.*pytorch_model\.bin"):
         DFlashDraftModel.from_pretrained(folder)
+
+
+def test_hub_id_loads_from_cache_and_refuses_pickle_only_repo(tmp_path):
+    """Hub ids go through the same safetensors-only rule (an offline fake Hub cache stands in for the Hub)."""
+    def cached_repo(name, files_writer):
+        repo = tmp_path / "hub" / f"models--org--{name}"
+        files_writer(repo / "snapshots" / ("a" * 40))
+        (repo / "refs").mkdir()
+        (repo / "refs" / "main").write_text("a" * 40)
+
+    def pickled(folder):
+        folder.mkdir(parents=True)
+        (folder / "config.json").write_text(json.dumps(published_config()))
+        torch.save(published_weights(2, 2), folder / "pytorch_model.bin")
+
+    cached_repo("good", lambda folder: write_checkpoint(folder, published_config(), published_weights(2, 2)))
+    cached_repo("pickled", pickled)
+    hub = dict(cache_dir=tmp_path / "hub", local_files_only=True)
+    assert DFlashDraftModel.from_pretrained("org/good", **hub).config.target_layer_ids == [1, 3]
+    with pytest.raises(ValueError, match=r"org/pickled has no model\.safetensors.*refuses pickle"):
+        DFlashDraftModel.from_pretrained("org/pickled", **hub)
+    with pytest.raises(OSError, match="no DFlash checkpoint found"):
+        DFlashDraftModel.from_pretrained("org/absent", **hub)
 
 
 def test_refuses_missing_unexpected_and_misshaped_weights(tmp_path):
