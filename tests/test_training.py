@@ -1,0 +1,369 @@
+"""ExitTrainer end to end on tiny random models: the batched forwards against plain ones, training, resume,
+saving, the Hub upload (recording fake client), 2-process DDP on CPU, bad input."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import make_target
+from safetensors import safe_open
+
+import hf_tev.training as training
+from hf_tev.exit_loss import node_weights
+from hf_tev.modeling_dflash import DFlashDraftModel
+from hf_tev.training import (
+    ExitDataCollator,
+    ExitTrainer,
+    ExitTrainingArguments,
+    generate_training_data,
+    sample_anchors,
+    tree_batch_inputs,
+)
+from hf_tev.tree import build_tree
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+BLOCK_SIZE = 4
+
+
+def make_rows(n=8, length=16, prompt_length=3, seed=1):
+    generator = torch.Generator().manual_seed(seed)
+    return [{"input_ids": torch.randint(3, 96, (length,), generator=generator).tolist(), "prompt_length": prompt_length}
+            for _ in range(n)]
+
+
+def make_args(tmp_path, **overrides):
+    settings = dict(output_dir=str(tmp_path / "out"), use_cpu=True, report_to=[], disable_tqdm=True,
+                    save_strategy="no", logging_steps=1, per_device_train_batch_size=2, tree_budget=6,
+                    anchors_per_sequence=3, max_steps=2, seed=0)
+    settings.update(overrides)
+    return ExitTrainingArguments(**settings)
+
+
+@pytest.fixture
+def target():
+    return make_target("qwen3")
+
+
+def make_drafter(target, seed=0):
+    torch.manual_seed(seed)
+    return DFlashDraftModel.from_target(target, num_layers=1, block_size=BLOCK_SIZE)
+
+
+def losses(trainer, key="loss", after_step=0):
+    return [entry[key] for entry in trainer.state.log_history if key in entry and entry["step"] > after_step]
+
+
+# ---------------------------------------------------------------------------------------------
+# The batched forwards equal plain ones
+
+
+def test_shared_block_forward_equals_one_draft_per_anchor(target, tmp_path):
+    drafter = make_drafter(target)
+    trainer = ExitTrainer(model=drafter, target_model=target, args=make_args(tmp_path))
+    input_ids = torch.randint(3, 96, (2, 14), generator=torch.Generator().manual_seed(3))
+    anchors = torch.tensor([[2, 5, 11], [0, 7, 9]])
+    with torch.no_grad():
+        hidden = target(input_ids, output_hidden_states=True).hidden_states
+        shared = trainer._draft_blocks(drafter, drafter, input_ids, drafter.context_features(hidden), anchors)
+        for b in range(2):
+            for slot, a in enumerate(anchors[b].tolist()):
+                # Inference: context = target features of x[0:a], block [x_a, MASK...] at positions a..a+L-1.
+                context = drafter.context_features(target(input_ids[b:b + 1, :a], output_hidden_states=True).hidden_states) \
+                    if a > 0 else torch.zeros(1, 0, 64 * len(drafter.config.target_layer_ids))
+                block = torch.full((1, BLOCK_SIZE), drafter.config.mask_token_id)
+                block[0, 0] = input_ids[b, a]
+                positions = torch.arange(a + BLOCK_SIZE)[None]
+                alone = drafter.draft_logits(target, context, block, positions)  # [1, D, V]
+                torch.testing.assert_close(shared[b, slot], alone[0], rtol=1e-4, atol=1e-4)
+
+
+def test_batched_tree_pass_equals_plain_path_forwards(target):
+    torch.manual_seed(0)
+    T = 12
+    input_ids = torch.randint(3, 96, (2, T))
+    owners, anchors = [0, 0, 1], [4, 9, 6]
+    trees = [build_tree(torch.randn(3, 96).log_softmax(-1), budget, input_ids[b, a])
+             for b, a, budget in zip(owners, anchors, [4, 2, 5])]
+    with torch.no_grad():
+        cache = target(input_ids, use_cache=True).cache
+        tokens, positions, mask, offsets = tree_batch_inputs(trees, owners, anchors, 2, T, torch.float32)
+        logits = target(tokens, position_ids=positions, attention_mask=mask, cache=cache).logits
+        for tree, b, a, offset in zip(trees, owners, anchors, offsets):
+            for node in range(tree.num_nodes):
+                path = tree.tokens[tree.visibility[node]]  # root .. node
+                plain = target(torch.cat([input_ids[b, :a], path])[None]).logits[0, -1]
+                torch.testing.assert_close(logits[b, offset + node], plain, rtol=1e-4, atol=1e-4)
+
+
+def test_anchors_are_distinct_supervised_block_starts():
+    loss_mask = torch.zeros(3, 10, dtype=torch.bool)
+    loss_mask[0, 4:] = True  # candidates 3..8
+    loss_mask[1, 8:] = True  # candidates 7, 8: fewer than asked
+    anchors, valid = sample_anchors(loss_mask, 4, torch.Generator().manual_seed(0))
+    assert valid[0].all() and set(anchors[0].tolist()) <= set(range(3, 9)) and len(set(anchors[0].tolist())) == 4
+    assert anchors[1][valid[1]].tolist() == [7, 8] and valid[1].sum() == 2
+    assert not valid[2].any()
+    again, _ = sample_anchors(loss_mask, 4, torch.Generator().manual_seed(0))
+    assert torch.equal(anchors, again)
+
+
+# ---------------------------------------------------------------------------------------------
+# Training
+
+
+def test_step_trains_the_drafter_only_and_logs_the_parts(target, tmp_path):
+    drafter = make_drafter(target)
+    target_before = {name: p.clone() for name, p in target.state_dict().items()}
+    drafter_before = {name: p.clone() for name, p in drafter.state_dict().items()}
+    trainer = ExitTrainer(model=drafter, target_model=target, args=make_args(tmp_path, learning_rate=1e-2),
+                          train_dataset=make_rows())
+    trainer.train()
+    assert all(torch.equal(p, target_before[name]) for name, p in target.state_dict().items())
+    assert all(p.grad is None and not p.requires_grad for p in target.parameters())
+    changed = [name for name, p in drafter.state_dict().items() if not torch.equal(p, drafter_before[name])]
+    assert "fc.weight" in changed and any(name.startswith("layers.0.") for name in changed)
+    # The target's embeddings / LM head never became drafter parameters.
+    assert not any("embed" in name or "lm_head" in name for name, _ in drafter.named_parameters())
+    logged = trainer.state.log_history[0]
+    for key in ("loss", "loss_dflash", "loss_tree", "expected_block_length"):
+        assert torch.isfinite(torch.tensor(logged[key])), key
+    assert 1.0 <= logged["expected_block_length"] <= 1.0 + 6
+    assert logged["loss"] == pytest.approx(logged["loss_dflash"] + 0.1 * logged["loss_tree"], rel=1e-5)
+
+
+@pytest.mark.parametrize("objective", ["exit", "prefix", "dflash"])
+def test_loss_goes_down_on_a_fixed_batch(objective, target, tmp_path):
+    # Anchors cover every candidate position, so each step sees exactly the same blocks.
+    rows = make_rows(n=2, length=10, prompt_length=2)
+    args = make_args(tmp_path, objective=objective, anchors_per_sequence=16, max_steps=12, learning_rate=3e-3,
+                     lr_scheduler_type="constant")
+    trainer = ExitTrainer(model=make_drafter(target), target_model=target, args=args, train_dataset=rows)
+    trainer.train()
+    history = losses(trainer)
+    assert len(history) == 12 and all(torch.isfinite(torch.tensor(history)))
+    assert history[-1] < 0.8 * history[0], history
+    if objective == "dflash":
+        assert not losses(trainer, "loss_tree")
+    else:
+        tree_history = losses(trainer, "loss_tree")
+        assert tree_history[-1] < tree_history[0], tree_history
+
+
+def test_training_trees_are_the_inference_trees_with_spec_weights(target, tmp_path, monkeypatch):
+    # The trainer calls the decoder's own builder and weighs nodes with exit_loss.node_weights.
+    assert training.build_tree is build_tree
+    seen = []
+
+    def recording_weights(tree, probs, objective, alpha):
+        seen.append((tree, probs, objective, alpha))
+        return node_weights(tree, probs, objective, alpha)
+
+    monkeypatch.setattr(training, "node_weights", recording_weights)
+    args = make_args(tmp_path, objective="prefix", alpha=0.01, max_steps=1, tree_budget=5)
+    trainer = ExitTrainer(model=make_drafter(target), target_model=target, args=args, train_dataset=make_rows(n=2))
+    trainer.train()
+    assert len(seen) == 2 * 3  # two sequences, three anchors each
+    for tree, probs, objective, alpha in seen:
+        assert tree.num_nodes == 6 and objective == "prefix" and alpha == 0.01
+        torch.testing.assert_close(probs.sum(-1), torch.ones(6))
+
+
+def test_resume_gives_the_same_next_losses(target, tmp_path):
+    rows = make_rows(n=8)
+    common = dict(max_steps=4, save_strategy="steps", save_steps=2)
+    straight = ExitTrainer(model=make_drafter(target), target_model=target,
+                           args=make_args(tmp_path / "a", **common), train_dataset=rows)
+    straight.train()
+    resumed = ExitTrainer(model=make_drafter(target, seed=123), target_model=target,
+                          args=make_args(tmp_path / "b", **common), train_dataset=rows)
+    resumed.train(resume_from_checkpoint=str(tmp_path / "a" / "out" / "checkpoint-2"))
+    for key in ("loss", "loss_tree", "expected_block_length"):
+        # Steps 3 and 4 are computed after the resume (steps 1 and 2 come back from the checkpoint's state).
+        assert len(losses(resumed, key, after_step=2)) == 2
+        torch.testing.assert_close(losses(resumed, key, after_step=2), losses(straight, key, after_step=2),
+                                   rtol=1e-5, atol=1e-6)
+    checkpoint = tmp_path / "a" / "out" / "checkpoint-2"
+    assert not any("target" in f.name for f in checkpoint.iterdir())
+
+
+def test_datasets_dataset_and_loss_mask_column_work(target, tmp_path):
+    datasets = pytest.importorskip("datasets")
+    rows = make_rows(n=4)
+    dataset = datasets.Dataset.from_list([{"input_ids": r["input_ids"], "loss_mask": [0] * 5 + [1] * 11, "text": "x"}
+                                          for r in rows])
+    trainer = ExitTrainer(model=make_drafter(target), target_model=target,
+                          args=make_args(tmp_path, max_steps=1), train_dataset=dataset, eval_dataset=dataset)
+    trainer.train()
+    metrics = trainer.evaluate()
+    assert {"eval_loss", "eval_loss_dflash", "eval_loss_tree", "eval_expected_block_length"} <= set(metrics)
+
+
+def test_collator_pads_masks_and_truncates():
+    collate = ExitDataCollator(pad_token_id=0, max_length=6)
+    batch = collate([{"input_ids": [5, 6, 7, 8, 9, 10, 11, 12], "prompt_length": 2},
+                     {"input_ids": [5, 6, 7], "loss_mask": [1, 0, 1]},
+                     {"input_ids": torch.tensor([9, 9, 9, 9])}])
+    assert batch["input_ids"].tolist() == [[5, 6, 7, 8, 9, 10], [5, 6, 7, 0, 0, 0], [9, 9, 9, 9, 0, 0]]
+    assert batch["attention_mask"].tolist() == [[1] * 6, [1, 1, 1, 0, 0, 0], [1, 1, 1, 1, 0, 0]]
+    assert batch["loss_mask"].int().tolist() == [[0, 0, 1, 1, 1, 1], [1, 0, 1, 0, 0, 0], [1, 1, 1, 1, 0, 0]]
+    with pytest.raises(ValueError, match="input_ids"):
+        collate([{"text": "hello"}])
+    with pytest.raises(ValueError, match="loss_mask"):
+        collate([{"input_ids": [1, 2, 3], "loss_mask": [1, 1]}])
+
+
+def test_generate_training_data_uses_the_targets_own_responses(target):
+    prompts = [[5, 17, 33], [40, 41], [7, 8, 9, 10]]
+    rows = generate_training_data(target, prompts, max_new_tokens=6, batch_size=2, show_progress=False, do_sample=False)
+    assert len(rows) == 3
+    for prompt, row in zip(prompts, rows):
+        alone = target.generate(torch.tensor([prompt]), max_new_tokens=6, do_sample=False, pad_token_id=0)[0].tolist()
+        assert row["prompt_length"] == len(prompt)
+        assert row["input_ids"] == alone[: len(row["input_ids"])]
+        # Responses stop at the first EOS (kept), otherwise run to max_new_tokens.
+        response = row["input_ids"][len(prompt):]
+        assert len(response) == 6 or response[-1] == target.generation_config.eos_token_id
+    # With an EOS the target emits inside a response, that response ends right after it.
+    stop = rows[0]["input_ids"][3 + 2]
+    cut = generate_training_data(target, prompts[:1], max_new_tokens=6, show_progress=False, do_sample=False,
+                                 eos_token_id=stop)
+    response = rows[0]["input_ids"][3:]
+    assert cut[0]["input_ids"] == rows[0]["input_ids"][: 3 + response.index(stop) + 1]
+
+
+# ---------------------------------------------------------------------------------------------
+# Saving and the Hub
+
+
+class RecordingHfApi:
+    """Stands in for huggingface_hub.HfApi: records calls and the files of every uploaded folder."""
+
+    calls = []
+
+    def __init__(self, **kwargs):
+        self.kwargs = kwargs
+
+    def create_repo(self, repo_id, **kwargs):
+        RecordingHfApi.calls.append(("create_repo", repo_id, kwargs))
+        return type("RepoUrl", (), {"repo_id": repo_id})()
+
+    def upload_folder(self, repo_id, folder_path, **kwargs):
+        files = sorted(str(p.relative_to(folder_path)) for p in Path(folder_path).rglob("*") if p.is_file())
+        RecordingHfApi.calls.append(("upload_folder", repo_id, {"folder_path": folder_path, "files": files, **kwargs}))
+        return "commit-url"
+
+
+def test_push_to_hub_uploads_published_layout_and_card(target, tmp_path, monkeypatch):
+    RecordingHfApi.calls = []
+    monkeypatch.setattr(training, "HfApi", RecordingHfApi)
+    drafter = make_drafter(target)
+    args = make_args(tmp_path, max_steps=2, save_strategy="steps", save_steps=1)
+    trainer = ExitTrainer(model=drafter, target_model=target, args=args, train_dataset=make_rows(n=4))
+    trainer.train()
+    result = trainer.push_to_hub("me/tiny-exittrain", target_model_id="me/tiny-target",
+                                 dataset_description="Four random sequences.", measured_tau={64: 3.25})
+    assert result == "commit-url"
+    (create, repo_id, create_kwargs), (upload, upload_repo, upload_kwargs) = RecordingHfApi.calls
+    assert (create, repo_id, upload, upload_repo) == ("create_repo", "me/tiny-exittrain", "upload_folder", "me/tiny-exittrain")
+    assert create_kwargs["exist_ok"] is True
+    assert {"config.json", "model.safetensors", "README.md"} <= set(upload_kwargs["files"])
+    assert "checkpoint-*" in upload_kwargs["ignore_patterns"] and "training_args.bin" in upload_kwargs["ignore_patterns"]
+
+    folder = Path(upload_kwargs["folder_path"])
+    with safe_open(folder / "model.safetensors", "pt") as weights:
+        names = set(weights.keys())
+    assert {"fc.weight", "hidden_norm.weight", "norm.weight", "layers.0.self_attn.q_proj.weight",
+            "layers.0.mlp.down_proj.weight"} <= names
+    assert not any("embed" in name or "lm_head" in name for name in names)  # no target weights
+    config = json.loads((folder / "config.json").read_text())
+    assert config["block_size"] == BLOCK_SIZE and config["architectures"] == ["DFlashDraftModel"]
+    assert config["dflash_config"]["mask_token_id"] == drafter.config.mask_token_id
+
+    card = (folder / "README.md").read_text()
+    assert "$" not in card.replace("$ ", "")  # every placeholder filled
+    for text in ("base_model: me/tiny-target", "me/tiny-exittrain", "`exit`", "| tree budget (training) | 6 |",
+                 "| ce_weight (standard DFlash CE) | 1.0 |", "| tree_weight (tree loss) | 0.1 |", "| alpha", "| gamma",
+                 "Four random sequences.", "| budget 64 | 3.250 |",
+                 "tev_config=hf_tev.TEVConfig(budget=64)", "assistant_model=drafter"):
+        assert text in card, text
+
+    loaded = DFlashDraftModel.from_pretrained(folder)
+    for name, value in drafter.state_dict().items():
+        torch.testing.assert_close(loaded.state_dict()[name], value)
+
+
+# ---------------------------------------------------------------------------------------------
+# Two processes (DDP over gloo on CPU)
+
+DDP_SCRIPT = textwrap.dedent("""
+    import json, sys, torch
+    from conftest import make_target
+    from hf_tev.modeling_dflash import DFlashDraftModel
+    from hf_tev.training import ExitTrainer, ExitTrainingArguments
+
+    out = sys.argv[1]
+    target = make_target("qwen3")
+    torch.manual_seed(0)
+    drafter = DFlashDraftModel.from_target(target, num_layers=1, block_size=4)
+    generator = torch.Generator().manual_seed(1)
+    rows = [{"input_ids": torch.randint(3, 96, (12,), generator=generator).tolist(), "prompt_length": 2}
+            for _ in range(8)]
+    args = ExitTrainingArguments(output_dir=out, use_cpu=True, ddp_backend="gloo", max_steps=2,
+                                 per_device_train_batch_size=2, tree_budget=4, anchors_per_sequence=2,
+                                 report_to=[], disable_tqdm=True, save_strategy="no", logging_steps=1)
+    trainer = ExitTrainer(model=drafter, target_model=target, args=args, train_dataset=rows)
+    trainer.train()
+    checksum = sum(p.double().sum().item() for p in drafter.parameters())
+    with open(f"{out}/rank{args.process_index}.json", "w") as f:
+        json.dump({"world_size": args.world_size, "wrapped": type(trainer.model_wrapped).__name__,
+                   "checksum": checksum}, f)
+    trainer.save_model()
+""")
+
+
+def test_two_process_ddp_on_cpu(tmp_path):
+    script = tmp_path / "ddp_train.py"
+    script.write_text(DDP_SCRIPT)
+    out = tmp_path / "out"
+    env = {**os.environ, "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), str(REPO_ROOT / "tests"), os.environ.get("PYTHONPATH", "")])}
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+               str(script), str(out)]
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=240)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert all(r["world_size"] == 2 and r["wrapped"] == "DistributedDataParallel" for r in ranks)
+    assert ranks[0]["checksum"] == pytest.approx(ranks[1]["checksum"], rel=1e-6)  # replicas stayed in sync
+    loaded = DFlashDraftModel.from_pretrained(out)
+    assert sum(p.double().sum().item() for p in loaded.parameters()) == pytest.approx(ranks[0]["checksum"], rel=1e-6)
+
+
+# ---------------------------------------------------------------------------------------------
+# Bad input
+
+
+def test_clear_errors_for_bad_input(target, tmp_path):
+    drafter = make_drafter(target)
+    with pytest.raises(ValueError, match="tree_budget"):
+        make_args(tmp_path, tree_budget=0)
+    with pytest.raises(ValueError, match="objective"):
+        make_args(tmp_path, objective="medusa")
+    with pytest.raises(ValueError, match="remove_unused_columns"):
+        make_args(tmp_path, remove_unused_columns=True)
+    with pytest.raises(ValueError, match="alpha"):
+        make_args(tmp_path, alpha=0.0)
+    with pytest.raises(ValueError, match="input_ids"):
+        ExitTrainer(model=drafter, target_model=target, args=make_args(tmp_path), train_dataset=[{"text": "hi"}])
+    other_target = make_target("qwen3", hidden_size=32)
+    with pytest.raises(ValueError, match="does not fit"):
+        ExitTrainer(model=drafter, target_model=other_target, args=make_args(tmp_path), train_dataset=make_rows())
+    other_vocab = make_target("qwen3", vocab_size=80)
+    with pytest.raises(ValueError, match="vocab"):
+        ExitTrainer(model=drafter, target_model=other_vocab, args=make_args(tmp_path), train_dataset=make_rows())
+    with pytest.raises(TypeError, match="DFlashDraftModel"):
+        ExitTrainer(model=target, target_model=target, args=make_args(tmp_path), train_dataset=make_rows())
