@@ -50,6 +50,18 @@ class DraftTree:
     # Known at build time; saves a host sync when `max_depth` is asked for.
     _max_depth: int | None = field(default=None, repr=False, compare=False)
 
+    def __post_init__(self):
+        # Shapes and dtypes only: checking the values would cost host syncs on accelerators.
+        num_nodes = self.tokens.shape[0] if self.tokens.dim() == 1 else -1
+        for name in ("tokens", "depths", "parents"):
+            value = getattr(self, name)
+            if value.dtype != torch.long or value.shape != (num_nodes,) or num_nodes < 1:
+                raise ValueError(f"DraftTree.{name} must be a LongTensor of shape [N] (N >= 1, the root first), "
+                                 f"got {value.dtype} of shape {tuple(value.shape)}")
+        if self.visibility.dtype != torch.bool or self.visibility.shape != (num_nodes, num_nodes):
+            raise ValueError(f"DraftTree.visibility must be a BoolTensor of shape [N, N] = [{num_nodes}, {num_nodes}], "
+                             f"got {self.visibility.dtype} of shape {tuple(self.visibility.shape)}")
+
     @property
     def num_nodes(self) -> int:
         return self.tokens.shape[0]
@@ -59,6 +71,11 @@ class DraftTree:
         if self._max_depth is not None:
             return self._max_depth
         return int(self.depths.max())
+
+    @property
+    def depth_bound(self) -> int:
+        """An upper bound on `max_depth` known without a host sync (exact for built trees)."""
+        return self._max_depth if self._max_depth is not None else self.num_nodes - 1
 
 
 def _check_draft_logprobs(draft_logprobs) -> None:

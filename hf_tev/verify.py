@@ -19,16 +19,22 @@ from .tree import DraftTree
 
 
 def _sample(weights: torch.Tensor, generator: torch.Generator | None = None) -> torch.LongTensor:
-    """One categorical draw per row of non-negative (unnormalised) weights.
+    """One categorical draw per row of non-negative (unnormalised) weights, by inverse CDF.
 
-    Exponential race: argmax_i w_i / X_i with X_i ~ Exp(1) i.i.d. picks i with probability
-    w_i / sum(w), without torch.multinomial's validation syncs on CUDA.
+    With x = u * total, u ~ U(0, 1], the draw is the first index whose cumulative weight is >= x:
+    index i wins with probability w_i / total, a zero weight never wins (its CDF step is empty,
+    and x > 0), and x <= total always finds an index. One cumsum and one binary search per row,
+    no host sync. The CDF is float64: a float32 running sum near 1 drops every addend below
+    3e-8, i.e. the whole low-probability tail of a large vocabulary. (torch.multinomial and the
+    exponential race are exact too, but their per-element random numbers make them several
+    times slower on CPU at vocabulary size.)
     """
     # weights: [..., V] -> [...]
-    race = torch.empty_like(weights).exponential_(generator=generator)
-    # An Exp(1) draw of exactly 0 would turn 0 / 0 into NaN (which argmax picks).
-    race.clamp_min_(torch.finfo(race.dtype).tiny)
-    return (weights / race).argmax(-1)
+    cdf_dtype = torch.float32 if weights.device.type == "mps" else torch.float64  # MPS has no float64
+    cdf = weights.cumsum(-1, dtype=cdf_dtype)  # [..., V]
+    uniform = torch.rand(cdf.shape[:-1] + (1,), generator=generator, dtype=cdf_dtype, device=cdf.device)
+    threshold = (1 - uniform) * cdf[..., -1:]  # [..., 1] in (0, total]
+    return torch.searchsorted(cdf, threshold).squeeze(-1)
 
 
 def _bernoulli(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.BoolTensor:
@@ -65,17 +71,17 @@ def _path_to(tree: DraftTree, node: torch.LongTensor) -> torch.LongTensor:
     return tree.visibility[node].nonzero().squeeze(1)
 
 
-def _residual(tree: DraftTree, probs: torch.Tensor, node: torch.LongTensor) -> torch.Tensor:
+def _residual(tree: DraftTree, row: torch.Tensor, node: torch.LongTensor) -> torch.Tensor:
     """res_node(y) ∝ p_node(y) [y is not a child token of node], unnormalised: [V].
 
     If the children cover all of p_node's mass the residual is all zero; an exact verifier
     then exits at `node` with probability 0, so this is reached only through round-off in the
     exit masses (~1e-7). Instead of sampling from zeros we fall back to p_node itself.
     """
-    row = probs[node]  # [V]
-    is_child = tree.parents[1:] == node  # [N-1]
+    # row: [V] p_node
+    not_child = (tree.parents[1:] != node).to(row.dtype)  # [N-1]
     # keep[t] = 0 iff some child of `node` carries t (min over every node that carries t).
-    keep = torch.ones_like(row).scatter_reduce(0, tree.tokens[1:], (~is_child).to(row.dtype), reduce="amin")
+    keep = torch.ones_like(row).scatter_reduce(0, tree.tokens[1:], not_child, reduce="amin")
     residual = row * keep
     return torch.where(residual.sum() > 0, residual, row)
 
@@ -84,13 +90,13 @@ def _walk(tree: DraftTree, next_node: torch.LongTensor) -> torch.LongTensor:
     """Follow next_node from the root until a node has none (-1); returns the last node (0-dim).
 
     Pointer doubling: after j rounds jump[u] is where u is after 2^j steps (stops are fixed
-    points), so ceil(log2(N)) rounds of one gather reach the end of any root path, with no
-    host sync and no per-level Python step.
+    points), so ceil(log2(max depth + 1)) rounds of one gather (4 for D = 15) reach the end of
+    any root path, with no host sync and no per-level Python step.
     """
     # next_node: [N], -1 where the walk stops
     nodes = torch.arange(tree.num_nodes, device=next_node.device)
     jump = torch.where(next_node >= 0, next_node, nodes)  # [N]
-    for _ in range(max(tree.num_nodes - 1, 1).bit_length()):
+    for _ in range(tree.depth_bound.bit_length()):  # 2^rounds > depth bound
         jump = jump[jump]
     return jump[0]
 
@@ -107,6 +113,20 @@ def _child_by_choice(tree: DraftTree, choice: torch.LongTensor) -> torch.LongTen
 # Target flow and the verifiers
 
 
+def _flow(tree: DraftTree, edge: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(P, E) from the edge probabilities p_{parent(c)}(tok c) [N-1]; see `target_flow`."""
+    # P(u) = product of the edge probabilities on root..u: the ancestor rows of the visibility
+    # matrix select them, every level at once. [N, N], tiny next to a vocabulary row.
+    # (Column 0, the root, has no edge.)
+    flow = torch.where(tree.visibility[:, 1:], edge, 1).prod(-1)  # [N] P
+    # E(u) = P(u) - sum_c P(c) = P(u) * (1 - sum_c p_u(tok c)); the second form avoids cancelling
+    # products of P and is exactly 0 when the children's tokens cover p_u. Round-off can push the
+    # exit rate slightly below 0: clamp.
+    child_mass = torch.zeros_like(flow).index_add_(0, tree.parents[1:], edge)  # [N]
+    exit_mass = flow * (1 - child_mass).clamp_(0, 1)
+    return flow, exit_mass
+
+
 def target_flow(tree: DraftTree, probs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Target flow on the tree.
 
@@ -120,21 +140,7 @@ def target_flow(tree: DraftTree, probs: torch.Tensor) -> tuple[torch.Tensor, tor
         (E telescopes to P(root); the clamp only acts when round-off makes child masses exceed 1).
     """
     _check_rows(tree, probs, "probs")
-    dtype = _flow_dtype(probs)
-    edge = _edge_probs(tree, probs).to(dtype)  # [N-1]
-    # log P(u) = sum of log edge over the path: one matmul with visibility. Zero edges are
-    # counted in a second column (log 0 = -inf would turn 0 * -inf into NaN in the matmul).
-    edge_terms = torch.zeros(tree.num_nodes, 2, dtype=dtype, device=edge.device)  # [N, 2]
-    edge_terms[1:, 0] = edge.clamp_min(torch.finfo(dtype).tiny).log()
-    edge_terms[1:, 1] = (edge == 0).to(dtype)
-    path_terms = tree.visibility.to(dtype) @ edge_terms  # [N, 2]
-    flow = path_terms[:, 0].exp() * (path_terms[:, 1] == 0)  # [N] P
-    # E(u) = P(u) - sum_c P(c) = P(u) * (1 - sum_c p_u(tok c)); the second form avoids cancelling
-    # products of P and is exactly 0 when the children's tokens cover p_u. Round-off can push the
-    # exit rate slightly below 0: clamp.
-    child_mass = torch.zeros_like(flow).index_add_(0, tree.parents[1:], edge)  # [N]
-    exit_mass = flow * (1 - child_mass).clamp_(0, 1)
-    return flow, exit_mass
+    return _flow(tree, _edge_probs(tree, probs).to(_flow_dtype(probs)))
 
 
 def verify_tev(tree: DraftTree, probs: torch.Tensor, generator: torch.Generator | None = None):
@@ -147,7 +153,7 @@ def verify_tev(tree: DraftTree, probs: torch.Tensor, generator: torch.Generator 
     """
     _, exit_mass = target_flow(tree, probs)
     exit_node = _sample(exit_mass, generator)  # 0-dim
-    bonus = _sample(_residual(tree, probs, exit_node), generator)
+    bonus = _sample(_residual(tree, probs[exit_node], exit_node), generator)
     return _path_to(tree, exit_node), bonus
 
 
@@ -190,7 +196,7 @@ def verify_residual(tree: DraftTree, probs: torch.Tensor, generator: torch.Gener
     first_accepted.scatter_reduce_(0, parents, torch.where(accepted, children, tree.num_nodes), reduce="amin")
     exit_node = _walk(tree, torch.where(first_accepted < tree.num_nodes, first_accepted, -1))
     # Every child of the exit node was rejected: r is p_v without all child tokens.
-    bonus = _sample(_residual(tree, probs, exit_node), generator)
+    bonus = _sample(_residual(tree, probs[exit_node], exit_node), generator)
     return _path_to(tree, exit_node), bonus
 
 

@@ -222,3 +222,14 @@ def test_draft_tree_properties():
     tree = DraftTree(tokens=torch.tensor([4, 5, 6]), depths=torch.tensor([0, 1, 1]),
                      parents=torch.tensor([-1, 0, 0]), visibility=torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]]).bool())
     assert tree.num_nodes == 3 and tree.max_depth == 1
+
+
+def test_draft_tree_rejects_bad_shapes():
+    ok = dict(tokens=torch.tensor([4, 5]), depths=torch.tensor([0, 1]), parents=torch.tensor([-1, 0]),
+              visibility=torch.tensor([[True, False], [True, True]]))
+    assert DraftTree(**ok).depth_bound == 1
+    for name, bad in [("tokens", torch.tensor([4.0, 5.0])), ("depths", torch.tensor([0])),
+                      ("parents", torch.tensor([[-1, 0]])), ("visibility", torch.ones(2, 3, dtype=torch.bool)),
+                      ("visibility", torch.ones(2, 2))]:
+        with pytest.raises(ValueError, match=name):
+            DraftTree(**{**ok, name: bad})

@@ -207,9 +207,11 @@ def test_exact_law_equals_target(name, case, monkeypatch):
     expected = target_law(tree, probs)
     tol = 1e-9 if probs.dtype == torch.float64 else 1e-6
     assert_laws_equal(law, expected, tol)
-    # The bonus is never a child token of the exit node (not even with zero-probability branches).
+    # The bonus is never a child token of the exit node. (Exception, at round-off probability: when
+    # the children cover p_v but the computed exit mass of v is ~1e-16 instead of 0, the residual
+    # is all zero and the verifier falls back to p_v rather than sample from zeros.)
     kids, tokens = children_of(tree), tree.tokens.tolist()
-    assert all(bonus not in {tokens[c] for c in kids[v]} for v, bonus in law)
+    assert sum(mass for (v, bonus), mass in law.items() if bonus in {tokens[c] for c in kids[v]}) < 1e-12
     # Optimal: expected block length (accepted nodes + bonus) = 1 + coverage.
     depths = tree.depths.tolist()
     mean_tau = sum(mass * (depths[v] + 1) for (v, _), mass in law.items())
