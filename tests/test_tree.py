@@ -89,17 +89,22 @@ def test_all_equal_logprobs_follow_token_ids():
     assert tree.parents.tolist() == [-1, 0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 3, 3]
 
 
-def test_ranked_topk_matches_stable_sort_on_large_vocab():
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
+def test_ranked_topk_matches_stable_sort_on_large_vocab(dtype):
     from hf_tev.tree import _ranked_topk
 
     gen = torch.Generator().manual_seed(3)
     logprobs = -0.25 * torch.randint(0, 6, (5, 1000), generator=gen).float()  # heavy ties
+    logprobs[0, ::7] = -math.inf
+    logprobs[1] = -torch.rand(1000, generator=gen) * 1e3  # mixed exponents, positives excluded
+    logprobs[2, 10], logprobs[2, 20] = -0.0, 0.0  # equal values, the lower id must come first
+    logprobs = logprobs.to(dtype)
     for k in (1, 7, 170, 1000):
         values, ids, row_max = _ranked_topk(logprobs, k)
         expected_values, expected_ids = logprobs.sort(dim=-1, descending=True, stable=True)
         assert torch.equal(ids, expected_ids[:, :k])
         assert torch.equal(values, expected_values[:, :k])
-        assert torch.equal(row_max, logprobs.max(-1).values)
+        assert torch.equal(row_max, expected_values[:, 0])
 
 
 def test_builder_invariants_at_realistic_size():
@@ -204,6 +209,8 @@ def test_bad_inputs_raise_clear_errors():
         build_tree(torch.tensor([[0.5, -1.0]]), 2, 0)
     with pytest.raises(ValueError, match="log-probabilities"):
         build_tree(torch.tensor([[-0.5, -1.0], [-1.0, math.nan]]), 1, 0)
+    with pytest.raises(ValueError, match="log-probabilities"):
+        build_tree(torch.tensor([[-0.5, -1.0], [-1.0, -math.nan]]), 1, 0)  # a NaN with the sign bit set
     with pytest.raises(ValueError, match="root_token"):
         build_tree(good, 2, torch.tensor([1, 2]))
     with pytest.raises(ValueError, match="root_token"):
