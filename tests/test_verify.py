@@ -353,3 +353,18 @@ def test_bad_inputs_raise_clear_errors():
             fn(tree, probs.long())
         with pytest.raises(TypeError, match="torch.Tensor"):
             fn(tree, probs.tolist())
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_16_bit_distributions(dtype):
+    # The decode loop may hand over half-precision rows: flows are computed in float32, draws in float64.
+    tree, probs = case_edge_rows()
+    probs = probs.to(dtype)
+    flow, exit_mass = target_flow(tree, probs)
+    assert flow.dtype == torch.float32 and float(exit_mass.sum()) == pytest.approx(1.0, abs=1e-2)
+    kids, tokens = children_of(tree), tree.tokens.tolist()
+    for verifier in VERIFIERS.values():
+        for s in range(20):
+            path, bonus = verifier(tree, probs, torch.Generator().manual_seed(s))
+            v = int(path[-1])
+            assert int(bonus) not in {tokens[c] for c in kids[v]} and probs[v, int(bonus)] > 0
