@@ -79,10 +79,10 @@ def _residual(tree: DraftTree, row: torch.Tensor, node: torch.LongTensor) -> tor
     exit masses (~1e-7). Instead of sampling from zeros we fall back to p_node itself.
     """
     # row: [V] p_node
-    not_child = (tree.parents[1:] != node).to(row.dtype)  # [N-1]
-    # keep[t] = 0 iff some child of `node` carries t (min over every node that carries t).
-    keep = torch.ones_like(row).scatter_reduce(0, tree.tokens[1:], not_child, reduce="amin")
-    residual = row * keep
+    vocab = row.shape[0]
+    # Child tokens of `node`; every other node points at an extra slot V that is cut off again.
+    child_tokens = torch.where(tree.parents[1:] == node, tree.tokens[1:], vocab)  # [N-1]
+    residual = torch.nn.functional.pad(row, (0, 1)).index_fill_(0, child_tokens, 0)[:vocab]  # [V]
     return torch.where(residual.sum() > 0, residual, row)
 
 
@@ -120,10 +120,10 @@ def _flow(tree: DraftTree, edge: torch.Tensor) -> tuple[torch.Tensor, torch.Tens
     # (Column 0, the root, has no edge.)
     flow = torch.where(tree.visibility[:, 1:], edge, 1).prod(-1)  # [N] P
     # E(u) = P(u) - sum_c P(c) = P(u) * (1 - sum_c p_u(tok c)); the second form avoids cancelling
-    # products of P and is exactly 0 when the children's tokens cover p_u. Round-off can push the
-    # exit rate slightly below 0: clamp.
+    # separately rounded products and is exactly 0 when the children's tokens cover p_u (exactly
+    # summing rows). Round-off can leave tiny negatives: clamp.
     child_mass = torch.zeros_like(flow).index_add_(0, tree.parents[1:], edge)  # [N]
-    exit_mass = flow * (1 - child_mass).clamp_(0, 1)
+    exit_mass = torch.addcmul(flow, flow, child_mass, value=-1).clamp_min_(0)  # P (1 - child mass)
     return flow, exit_mass
 
 
