@@ -27,6 +27,16 @@ from hf_tev.training import (
 from hf_tev.tree import build_tree
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    # Tiny matrices: a second intra-op thread only adds synchronisation, and on a busy machine each
+    # op then waits for a core (measured ~16 ms instead of ~0.05 ms per small linear).
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 BLOCK_SIZE = 4
 
 
@@ -139,8 +149,8 @@ def test_step_trains_the_drafter_only_and_logs_the_parts(target, tmp_path):
 @pytest.mark.parametrize("objective", ["exit", "prefix", "dflash"])
 def test_loss_goes_down_on_a_fixed_batch(objective, target, tmp_path):
     # Anchors cover every candidate position, so each step sees exactly the same blocks.
-    rows = make_rows(n=2, length=10, prompt_length=2)
-    args = make_args(tmp_path, objective=objective, anchors_per_sequence=16, max_steps=8, learning_rate=5e-3,
+    rows = make_rows(n=2, length=8, prompt_length=2)
+    args = make_args(tmp_path, objective=objective, anchors_per_sequence=8, max_steps=8, learning_rate=5e-3,
                      lr_scheduler_type="constant")
     trainer = ExitTrainer(model=make_drafter(target), target_model=target, args=args, train_dataset=rows)
     trainer.train()
