@@ -1,7 +1,5 @@
 """Shared fixtures: tiny random Qwen3 / Llama targets, offline Hub, deterministic torch."""
 
-import os
-
 import pytest
 import torch
 
@@ -14,7 +12,9 @@ def _offline_hub(tmp_path_factory, monkeypatch):
 
 
 def pytest_configure(config):
-    torch.set_num_threads(min(2, os.cpu_count() or 1))
+    # One thread: tiny models gain nothing from more, and on a shared 2-core machine a second OpenMP thread
+    # waiting on a busy core makes every small op ~100x slower.
+    torch.set_num_threads(1)
 
 
 def make_target(arch: str = "qwen3", vocab_size: int = 96, hidden_size: int = 64, num_layers: int = 4,

@@ -9,16 +9,6 @@ from hf_tev.exit_loss import dflash_loss, expected_block_length, node_weights, t
 from hf_tev.tree import DraftTree, build_tree
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    # Tiny matrices: a second intra-op thread only adds synchronisation, and on a busy machine each
-    # op then waits for a core (measured ~16 ms instead of ~0.05 ms per small linear).
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def make_tree(tokens, parents):
     """A DraftTree from tokens and parent indices (depths and visibility derived here, independently)."""
     n = len(tokens)

@@ -29,14 +29,6 @@ from hf_tev.tree import build_tree
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    # Tiny matrices: a second intra-op thread only adds synchronisation, and on a busy machine each
-    # op then waits for a core (measured ~16 ms instead of ~0.05 ms per small linear).
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 BLOCK_SIZE = 4
 
 
