@@ -223,7 +223,7 @@ def main():
     model.generation_config.update(bos_token_id=0, eos_token_id=0, pad_token_id=0)
     model.save_pretrained(args.out)
     for name in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(args.target / name, args.out / name)
+        shutil.copyfile(args.target / name, args.out / name)
     (args.out / "trainlog.json").write_text(json.dumps(log, indent=1))
     write_model_card(args.out, args, model, log)
     print(f"saved to {args.out}")
