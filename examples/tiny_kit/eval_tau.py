@@ -3,8 +3,8 @@
     python examples/tiny_kit/eval_tau.py --drafters drafter-dflash,drafter-finetuned,drafter-prefix,drafter-exittrain \
         --budgets 16,32,64,128 --temperatures 0,1 --prompts 16 --max-new-tokens 64 --output build/tau.json
 
-Prompts: the first `--prompts` held-out corpus prompts (`build/prompts_heldout.json`, files the target never saw)
-and the first `--prompts` HumanEval prompts (`build/prompts_humaneval.json`), trailing whitespace stripped.
+Prompts: the first `--prompts` held-out corpus prompts (`prompts/heldout.json`, files the target never saw)
+and the first `--prompts` HumanEval prompts (`prompts/humaneval.json`), trailing whitespace stripped.
 tau pools every cycle of every prompt (sum of block lengths / cycles); `1 + C` is the mean coverage of the
 same trees. Every drafter sees the same prompts and, at T = 1, the same seeds.
 """
@@ -14,22 +14,17 @@ import json
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM
 
 import hf_tev
+from hf_tev.kit import load_kit_model, load_kit_prompts, load_kit_tokenizer
 
 KIT = Path(__file__).resolve().parent
 
 
-def load_prompts(tokenizer_path, count):
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
-    sets = {}
-    for name, file in (("heldout", "prompts_heldout.json"), ("humaneval", "prompts_humaneval.json")):
-        rows = json.loads((KIT / "build" / file).read_text())[:count]
-        sets[name] = [tokenizer(row["prompt"].rstrip(), return_tensors="pt").input_ids for row in rows]
-    return sets
+def load_prompts(count):
+    tokenizer = load_kit_tokenizer()
+    return {name: [tokenizer(prompt, return_tensors="pt").input_ids for prompt in load_kit_prompts(name, count)]
+            for name in ("heldout", "humaneval")}
 
 
 def main():
@@ -40,13 +35,13 @@ def main():
     parser.add_argument("--prompts", type=int, default=16, help="prompts per set")
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--output", default=str(KIT / "build" / "tau.json"))
+    parser.add_argument("--output", default=str(KIT / "tau.json"))
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
-    target = AutoModelForCausalLM.from_pretrained(KIT / "target", attn_implementation="sdpa").eval()
-    prompt_sets = load_prompts(KIT / "target", args.prompts)
-    drafters = {name: hf_tev.DFlashDraftModel.from_pretrained(KIT / name).eval() for name in args.drafters.split(",")}
+    target = load_kit_model("target")
+    prompt_sets = load_prompts(args.prompts)
+    drafters = {name: load_kit_model(name) for name in args.drafters.split(",")}
     records = []
     for temperature in [float(t) for t in args.temperatures.split(",")]:
         sampling = dict(do_sample=True, temperature=temperature, top_k=0) if temperature > 0 else dict(do_sample=False)

@@ -11,7 +11,7 @@
     python examples/tiny_kit/train_drafter.py --init examples/tiny_kit/drafter-dflash --objective exit \
         --out examples/tiny_kit/drafter-exittrain --max-steps 400
 
-Data: `build/train_generated.jsonl` (rows `{"input_ids", "prompt_length"}`: training-split prompts with
+Data: `data/train_generated.jsonl` (rows `{"input_ids", "prompt_length"}`: training-split prompts with
 continuations sampled from the target itself, `generate_data.py`). The saved folder holds the drafter in
 the published DFlash layout, its model card and `trainlog.json` (the logged losses).
 """
@@ -34,7 +34,7 @@ def main():
     parser.add_argument("--init", default=None, help="drafter to start from (default: a fresh one)")
     parser.add_argument("--objective", choices=["dflash", "prefix", "exit"], required=True)
     parser.add_argument("--out", required=True)
-    parser.add_argument("--data", default=str(KIT / "build" / "train_generated.jsonl"))
+    parser.add_argument("--data", default=str(KIT / "data" / "train_generated.jsonl"))
     parser.add_argument("--max-rows", type=int, default=None, help="use the first N rows only")
     parser.add_argument("--max-steps", type=int, required=True)
     parser.add_argument("--learning-rate", type=float, default=2e-4)
