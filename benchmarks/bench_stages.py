@@ -1,27 +1,25 @@
 """Per-stage cost of one tree-decoding cycle, and the verifier stage of TEV vs predraw on the SAME trees.
 
     python benchmarks/bench_stages.py                 # B = 32, 64; T = 1
-    python benchmarks/bench_stages.py --budgets 16,32,64,128 --cycles 60
+    python benchmarks/bench_stages.py --budgets 16,32,64,128 --cycles-tokens 160
 
 A tiny random Qwen3 target (vocab 4096) and a fresh 1-layer DFlash drafter (block 16). Part 1 runs
 `generate` per verifier and reports the mean time of each stage per cycle (draft, build, tree forward,
-verifier stage) with tau. Part 2 replays real cycles: for every tree, each verifier's stage (per-node logits
-processing + decision + cache commit, excluding the tree forward, as in the paper's Table 3) is timed on the
-same tree, the same target logits and a copy of the same cache, interleaved, and the median ratio is reported.
+verifier stage) with tau. Part 2 is `hf_tev.bench.same_tree_verifier_stage` (the replay `hf-tev bench` uses for
+the paper's Table 3): for every tree, each verifier's stage (per-node logits processing + decision + cache
+commit, excluding the tree forward) is timed on the same tree, the same target logits and a copy of the same
+cache, interleaved; the median per cycle is reported. `hf-tev bench` runs the same replay on the tiny kit.
 Timings are wall clock on this machine; only ratios measured side by side mean much.
 """
 
 import argparse
-import copy
 import statistics
-import time
 
 import torch
 from transformers import LogitsProcessorList, Qwen3Config, Qwen3ForCausalLM, TemperatureLogitsWarper
 
 import hf_tev
-from hf_tev.generation import DFlashTreeCandidateGenerator, verifier_stage
-from hf_tev.tree import tree_attention_mask, tree_position_ids
+from hf_tev.bench import same_tree_verifier_stage
 from hf_tev.verify import VERIFIERS
 
 
@@ -51,43 +49,10 @@ def stage_table(target, drafter, prompt, budgets, max_new_tokens):
                   f"| {1e3 * s['forward_s']:.2f} | {1e3 * s['verify_s']:.3f} |")
 
 
-@torch.no_grad()
-def same_tree_verifier_stage(target, drafter, prompt, budget, cycles, repeats):
-    """Median verifier-stage time of each verifier over the same realised trees."""
-    processors = LogitsProcessorList([TemperatureLogitsWarper(1.0)])
-    generator = torch.Generator().manual_seed(0)
-    candidates = DFlashTreeCandidateGenerator(drafter, target, hf_tev.TEVConfig(budget=budget))
-    cache = hf_tev.generation.DynamicCache(config=target.config)
-    out = target(prompt, cache=cache, output_hidden_states=drafter.target_hidden_indices, logits_to_keep=1)
-    features = drafter.context_features(out.hidden_states)
-    positions = torch.arange(prompt.shape[1])[None]
-    sequence = torch.cat([prompt, out.logits[:, -1].argmax(-1, keepdim=True)], 1)
-    times = {name: [] for name in VERIFIERS}
-    for _ in range(cycles):
-        past = cache.get_seq_length()
-        tree = candidates.get_candidates(sequence[0, -1:], features, positions, past, 10**9, lambda stage: None)
-        out = target(tree.tokens[None], position_ids=tree_position_ids(tree, past), cache=cache,
-                     attention_mask=tree_attention_mask(tree, past, target.dtype),
-                     output_hidden_states=drafter.target_hidden_indices, logits_to_keep=0)
-        logits = out.logits[0].float()
-        for _ in range(repeats):  # interleaved: every verifier sees the same tree, logits and cache
-            for name, verify in VERIFIERS.items():
-                trial = copy.deepcopy(cache)
-                start = time.perf_counter()
-                verifier_stage(tree, logits, sequence[:, :-1], processors, verify, generator, trial, past)
-                times[name].append(time.perf_counter() - start)
-        path, bonus, _, _ = verifier_stage(tree, logits, sequence[:, :-1], processors, VERIFIERS["tev"], generator,
-                                           cache, past)
-        features = drafter.context_features(out.hidden_states)[:, path]
-        positions = torch.arange(past, past + path.numel())[None]
-        sequence = torch.cat([sequence, tree.tokens[path[1:]][None], bonus.view(1, 1)], 1)
-    return {name: statistics.median(t) for name, t in times.items()}
-
-
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--budgets", default="32,64")
-    parser.add_argument("--cycles", type=int, default=40)
+    parser.add_argument("--cycles-tokens", type=int, default=96, help="tokens decoded by the same-tree replay")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--vocab", type=int, default=4096)
     parser.add_argument("--hidden", type=int, default=256)
@@ -105,8 +70,11 @@ def main():
     print("\n## Verifier stage on the same trees (median ms per cycle; decision + cache commit, T = 1)")
     print("| B | predraw | residual | tev | tev / predraw |")
     print("|---|---|---|---|---|")
+    processors = LogitsProcessorList([TemperatureLogitsWarper(1.0)])
     for budget in budgets:
-        med = same_tree_verifier_stage(target, drafter, prompt, budget, args.cycles, args.repeats)
+        times = same_tree_verifier_stage(target, drafter, [prompt], budget, processors, args.cycles_tokens,
+                                         repeats=args.repeats, verifiers=tuple(VERIFIERS))
+        med = {name: statistics.median(t) for name, t in times.items()}
         print(f"| {budget} | {1e3 * med['predraw']:.3f} | {1e3 * med['residual']:.3f} | {1e3 * med['tev']:.3f} "
               f"| {med['tev'] / med['predraw']:.2f} |")
 
