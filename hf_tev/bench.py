@@ -23,7 +23,8 @@ What is measured, per method x drafter x budget x temperature x prompt set (SPEC
   pooled over every cycle of every prompt (`TEVStats`). Other methods: tokens produced per target forward after
   prefill, `sum(new_tokens - 1) / sum(target_forwards - 1)` with target forwards counted by a forward hook (the
   prefill forward yields one token in every method; `ar` gives exactly 1). `tau_counted` is that count for every
-  method; for hf_tev methods it equals tau unless EOS cut a block.
+  method; for hf_tev methods it differs from tau only by tokens cut at the stop (the last cycle's bonus token
+  past `max_new_tokens` counts in its block but is not emitted).
 - coverage: mean 1 + C of the same trees (hf_tev methods); `coverage_z`: z statistic of the per-cycle
   differences tau_i - (1 + C)_i (mean / (std / sqrt(n))), which an exact verifier keeps within sampling error.
 - SR: `ar_time_s / time_s`, where each is the sum over prompts of the median wall time of that prompt's runs.
@@ -358,7 +359,8 @@ class ForwardProbe:
     """Forward hooks on the models of a run: counts target forwards and times model compute.
 
     Compute time is the wall time of outermost calls of the hooked modules (target, drafters, assistant, and the
-    target's embedding and LM-head modules, which the drafter calls directly); nested calls count once.
+    target's embedding and LM-head modules, which the drafter calls directly); nested calls count once. With
+    `sync` (accelerators) every call boundary synchronises, so it is on only for the runs whose time is split.
     """
 
     def __init__(self, models: BenchModels, sync: bool):
@@ -457,6 +459,7 @@ def run_once(models: BenchModels, probe: ForwardProbe, job: Job, input_ids, max_
     kwargs = method.generate_kwargs(models, job.drafter, job.budget)
     sync = models.target.device.type == "cuda"
     probe.reset()
+    probe.sync = sync and method.tev_verifier is not None  # per-forward syncs only where model time is split out
     torch.manual_seed(seed)
     if sync:
         torch.cuda.synchronize()
@@ -600,22 +603,26 @@ def summarise(job: Job, runs_per_prompt: list[list[Run]], ar_runs: list[list[Run
         return fields_
     blocks = [length for run in firsts for length in run.stats.accepted_lengths]
     coverages = [c for run in firsts for c in run.stats.coverages]
-    every = [run for runs in runs_per_prompt for run in runs if run.stats.num_cycles]
-    per_cycle = lambda values: _median_ms([v / run.stats.num_cycles for v, run in zip(values, every)])  # noqa: E731
+    timed = [run for runs in runs_per_prompt for run in runs if run.stats.num_cycles]  # every repeat
+
+    def per_cycle_ms(seconds_of):  # median over runs of the run's mean per cycle
+        return _median_ms([seconds_of(run) / run.stats.num_cycles for run in timed])
+
     fields_.update(
-        cycles=len(blocks), tau=sum(blocks) / max(1, len(blocks)), coverage=statistics.fmean(coverages) if coverages else None,
+        cycles=len(blocks), tau=sum(blocks) / max(1, len(blocks)),
+        coverage=statistics.fmean(coverages) if coverages else None,
         coverage_z=z_statistic([b - c for b, c in zip(blocks, coverages)]),
-        draft_ms=per_cycle([sum(run.stats.draft_times) for run in every]),
-        build_ms=per_cycle([sum(run.stats.build_times) for run in every]),
-        forward_ms=per_cycle([sum(run.stats.forward_times) for run in every]),
-        verify_ms=per_cycle([sum(run.stats.verify_times) for run in every]),
-        cycle_ms=per_cycle([run.loop_s for run in every]),
-        model_ms=per_cycle([run.loop_model_s for run in every]),
-        overhead_ms=per_cycle([run.loop_s - run.loop_model_s for run in every]),
-        overhead_fraction=statistics.median([(run.loop_s - run.loop_model_s) / run.loop_s for run in every])
-        if every else None,
-        setup_ms=_median_ms([run.setup_s for run in every]),
-        prefill_ms=_median_ms([run.stats.prefill_time for run in every]),
+        draft_ms=per_cycle_ms(lambda run: sum(run.stats.draft_times)),
+        build_ms=per_cycle_ms(lambda run: sum(run.stats.build_times)),
+        forward_ms=per_cycle_ms(lambda run: sum(run.stats.forward_times)),
+        verify_ms=per_cycle_ms(lambda run: sum(run.stats.verify_times)),
+        cycle_ms=per_cycle_ms(lambda run: run.loop_s),
+        model_ms=per_cycle_ms(lambda run: run.loop_model_s),
+        overhead_ms=per_cycle_ms(lambda run: run.loop_s - run.loop_model_s),
+        overhead_fraction=statistics.median((run.loop_s - run.loop_model_s) / run.loop_s for run in timed)
+        if timed else None,
+        setup_ms=_median_ms([run.setup_s for run in timed]),
+        prefill_ms=_median_ms([run.stats.prefill_time for run in timed]),
     )
     return fields_
 
@@ -713,7 +720,7 @@ def run_bench(config: BenchConfig, models: BenchModels | None = None) -> dict:
     sampled = [t for t in config.temperatures if t > 0]
     num_prompts = sum(len(p) for p in prompt_sets.values())
     total = len(config.temperatures) * num_prompts * (len(jobs) * config.repeats) + len(sampled) * num_prompts * len(replays)
-    probe = ForwardProbe(models, sync=device.type == "cuda")
+    probe = ForwardProbe(models, sync=False)
     records = []
     progress = tqdm(total=total, desc="hf-tev bench", disable=not config.progress, dynamic_ncols=True)
     try:
