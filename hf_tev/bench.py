@@ -45,7 +45,7 @@ table) and `bench.png` (tau and SR against budget). JSON schema (`"schema": "hf_
 
     {"schema": str, "settings": {BenchConfig fields}, "machine": {"cpu_count", "torch_threads", "load_average"
      (1-min load at start and end), "device", "device_name", "dtype", "torch", "transformers", "hf_tev",
-     "python", "platform"}, "warnings": [str], "records": [record]}
+     "python", "platform", "malloc_env"}, "warnings": [str], "records": [record]}
     record = {"method", "drafter" (null for ar/assisted/prompt_lookup), "budget" (null when the method has none),
       "temperature", "prompt_set", "prompts", "max_new_tokens", "repeats", "new_tokens", "target_forwards",
       "cycles", "tau", "tau_counted", "coverage", "coverage_z", "time_s", "ar_time_s", "speedup",
@@ -659,7 +659,9 @@ def machine_info(config: BenchConfig) -> dict:
     return dict(cpu_count=os.cpu_count(), torch_threads=torch.get_num_threads(), load_average=[os.getloadavg()[0]],
                 device=config.device, device_name=device_name or platform.machine(), dtype=config.dtype,
                 torch=torch.__version__, transformers=transformers.__version__, hf_tev=__version__,
-                python=sys.version.split()[0], platform=platform.platform())
+                python=sys.version.split()[0], platform=platform.platform(),
+                # glibc malloc tuning changes CPU timings of large per-cycle buffers (see the README): record it.
+                malloc_env={k: v for k, v in os.environ.items() if k.startswith("MALLOC_")})
 
 
 def check_load(notes: list[str]) -> None:
