@@ -7,8 +7,8 @@ A tiny random Qwen3 target (vocab 4096) and a fresh 1-layer DFlash drafter (bloc
 `generate` per verifier and reports the mean time of each stage per cycle (draft, build, tree forward,
 verifier stage) with tau. Part 2 is `hf_tev.bench.same_tree_verifier_stage` (the replay `hf-tev bench` uses for
 the paper's Table 3): for every tree, each verifier's stage (per-node logits processing + decision + cache
-commit, excluding the tree forward) is timed on the same tree, the same target logits and a copy of the same
-cache, interleaved; the median per cycle is reported. `hf-tev bench` runs the same replay on the tiny kit.
+commit, excluding the tree forward) is timed right after its own tree pass over the same tree and cache; the
+median per cycle is reported. `hf-tev bench` runs the same replay on the tiny kit.
 Timings are wall clock on this machine; only ratios measured side by side mean much.
 """
 
@@ -53,7 +53,6 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--budgets", default="32,64")
     parser.add_argument("--cycles-tokens", type=int, default=96, help="tokens decoded by the same-tree replay")
-    parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--vocab", type=int, default=4096)
     parser.add_argument("--hidden", type=int, default=256)
     parser.add_argument("--layers", type=int, default=4)
@@ -73,7 +72,7 @@ def main():
     processors = LogitsProcessorList([TemperatureLogitsWarper(1.0)])
     for budget in budgets:
         times = same_tree_verifier_stage(target, drafter, [prompt], budget, processors, args.cycles_tokens,
-                                         repeats=args.repeats, verifiers=tuple(VERIFIERS))
+                                         verifiers=tuple(VERIFIERS))
         med = {name: statistics.median(t) for name, t in times.items()}
         print(f"| {budget} | {1e3 * med['predraw']:.3f} | {1e3 * med['residual']:.3f} | {1e3 * med['tev']:.3f} "
               f"| {med['tev'] / med['predraw']:.2f} |")

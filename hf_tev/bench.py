@@ -35,9 +35,9 @@ What is measured, per method x drafter x budget x temperature x prompt set (SPEC
   forward hooks) per cycle; `overhead_ms = cycle_ms - model_ms` and `overhead_fraction` = hf_tev's own cost.
   `setup_ms`: generate's preparation before the prefill, per call.
 - Verifier stage (`ddtree` and `tev` at T > 0): the same-tree replay (`same_tree_verifier_stage`): for every
-  realised tree, both verifiers' stage (logits processing + decision + cache commit, excluding the tree forward;
-  the paper's Table 3) is timed on the same tree, logits and a copy of the same cache, interleaved. Median ms
-  per cycle; `verifier_stage_reduction = 1 - tev / ddtree`.
+  realised tree, each verifier's stage (logits processing + decision + cache commit, excluding the tree
+  forward; the paper's Table 3) is timed right after its own tree pass over the same tree and cache, cycle by
+  cycle. Median ms per cycle; `verifier_stage_reduction = 1 - tev / ddtree`.
 - greedy_exact (T = 0): every prompt's tokens equal `ar`'s. A mismatch is warned about loudly.
 
 Output in `--output DIR`: `bench.json`, `bench.md` (tables shaped like the paper's Tables 1, 5 and 3, and a stage
@@ -61,7 +61,6 @@ recorded, and a warning is raised when it exceeds the core count.
 from __future__ import annotations
 
 import argparse
-import copy
 import hashlib
 import json
 import math
@@ -492,29 +491,34 @@ def capture_logits_processor(target, input_ids, sampling):
 # The verifier stage on the same trees (the paper's Table 3)
 # --------------------------------------------------------------------------------------------------------
 @torch.no_grad()
-def same_tree_verifier_stage(target, drafter, prompts, budget, logits_processor, max_new_tokens, repeats=3,
+def same_tree_verifier_stage(target, drafter, prompts, budget, logits_processor, max_new_tokens,
                              verifiers=("predraw", "tev"), seed=0) -> dict[str, list[float]]:
-    """Per-cycle verifier-stage time of each verifier on the same realised trees.
+    """Per-cycle verifier-stage time of each verifier on the same realised trees, measured in place.
 
-    Decodes every prompt with a tree of `budget` nodes; for every cycle, each verifier's stage (per-node logits
-    processing + decision + cache commit, excluding the tree forward) runs `repeats` times interleaved on the same
-    tree, the same target logits and a fresh copy of the same cache. The trajectory then follows `tev`'s decision
-    (the last verifier's when `tev` is not among them).
+    Decodes every prompt with trees of `budget` nodes. In every cycle each verifier gets its own target tree pass
+    over the same tree and the same cache (the cache is cropped back between them; the pass is deterministic, so
+    the logits are the same), and its stage right after it is timed: per-node logits processing + decision +
+    cache commit, the tree forward excluded (the paper's Table 3). Timing each stage right after a real tree
+    pass keeps the allocator and caches in the state decoding leaves them in (on CPU a fresh multi-MB buffer
+    can cost more in page faults than its arithmetic). `tev` (else the last verifier) goes last; its commit is
+    kept, so the trajectory is TEV decoding.
 
     Args:
         prompts (`list[torch.LongTensor]` of shape `(1, n)` each).
     Returns:
-        `dict[str, list[float]]`: verifier name -> per-cycle median seconds (one entry per cycle, all prompts).
+        `dict[str, list[float]]`: verifier name -> seconds per cycle (one entry per cycle, all prompts).
     """
     device = target.get_input_embeddings().weight.device
     sync = device.type == "cuda"
     generator = torch.Generator(device=device).manual_seed(seed)
     driver = "tev" if "tev" in verifiers else verifiers[-1]
+    order = [name for name in verifiers if name != driver] + [driver]
     times = {name: [] for name in verifiers}
+    hidden = drafter.target_hidden_indices
     for input_ids in prompts:
         candidates = DFlashTreeCandidateGenerator(drafter, target, TEVConfig(budget=budget))
         cache = _new_cache(target)
-        out = target(input_ids, cache=cache, output_hidden_states=drafter.target_hidden_indices, logits_to_keep=1)
+        out = target(input_ids, cache=cache, output_hidden_states=hidden, logits_to_keep=1)
         features = drafter.context_features(out.hidden_states)
         positions = torch.arange(input_ids.shape[1], device=device)[None]
         scores = logits_processor(input_ids, out.logits[:, -1].float())
@@ -524,27 +528,21 @@ def same_tree_verifier_stage(target, drafter, prompts, budget, logits_processor,
             past = cache.get_seq_length()
             tree = candidates.get_candidates(sequence[0, -1:], features, positions, past, end - sequence.shape[1],
                                              lambda stage: None)
-            out = target(tree.tokens[None], position_ids=tree_position_ids(tree, past), cache=cache,
-                         attention_mask=tree_attention_mask(tree, past, target.dtype, device=device),
-                         output_hidden_states=drafter.target_hidden_indices, logits_to_keep=0)
-            logits = out.logits[0].float()  # [N, V]
-            trials = {name: [] for name in verifiers}
-            for _ in range(repeats):  # interleaved: every verifier sees the same tree, logits and cache
-                for name in verifiers:
-                    trial = copy.deepcopy(cache)
-                    if sync:
-                        torch.cuda.synchronize()
-                    start = time.perf_counter()
-                    verifier_stage(tree, logits, sequence[:, :-1], logits_processor, VERIFIERS[name], generator,
-                                   trial, past)
-                    if sync:
-                        torch.cuda.synchronize()
-                    trials[name].append(time.perf_counter() - start)
-            for name in verifiers:
-                times[name].append(statistics.median(trials[name]))
-            path, bonus, _, _ = verifier_stage(tree, logits, sequence[:, :-1], logits_processor, VERIFIERS[driver],
-                                               generator, cache, past)
-            features = drafter.context_features(out.hidden_states)[:, path]
+            mask, tree_positions = tree_attention_mask(tree, past, target.dtype, device=device), tree_position_ids(tree, past)
+            for name in order:
+                cache.crop(past - cache.get_seq_length())  # undo the previous verifier's commit (none before the first)
+                out = target(tree.tokens[None], position_ids=tree_positions, attention_mask=mask, cache=cache,
+                             output_hidden_states=hidden, logits_to_keep=0)
+                logits = out.logits[0].float()  # [N, V]
+                if sync:
+                    torch.cuda.synchronize()
+                start = time.perf_counter()
+                path, bonus, _, _ = verifier_stage(tree, logits, sequence[:, :-1], logits_processor, VERIFIERS[name],
+                                                   generator, cache, past)
+                if sync:
+                    torch.cuda.synchronize()
+                times[name].append(time.perf_counter() - start)
+            features = drafter.context_features(out.hidden_states)[:, path]  # the driver's commit stays
             positions = torch.arange(past, past + path.numel(), device=device)[None]
             sequence = torch.cat([sequence, tree.tokens[path[1:]][None], bonus.view(1, 1)], 1)
     return times
@@ -749,7 +747,7 @@ def run_bench(config: BenchConfig, models: BenchModels | None = None) -> dict:
                             progress.set_postfix_str(f"T={temperature:g} {set_name} verifier stage B={budget}")
                             stage[(drafter, budget)] = same_tree_verifier_stage(
                                 models.target, models.drafters[drafter], prompts, budget, processors,
-                                config.max_new_tokens, repeats=config.repeats, seed=config.seed)
+                                config.max_new_tokens, seed=config.seed)
                             progress.update(len(prompts))
                     records += make_records(config, plan, runs, stage, temperature, set_name, len(prompts), notes)
     finally:
