@@ -271,6 +271,9 @@ class BenchConfig:
                 raise ValueError(f"{name} is empty")
         if "ar" not in self.methods:
             self.methods = ["ar", *self.methods]
+        if self.target is not None and "assisted" in self.methods and self.assistant is None:
+            raise ValueError("Method 'assisted' needs --assistant (a small causal LM with the target's tokenizer) "
+                             "when --target is given")
         if self.drafters is None:
             self.drafters = [] if self.target else _present_kit_drafters()
         if self.target is None:
@@ -294,6 +297,8 @@ class BenchConfig:
             self.device = "cuda" if torch.cuda.is_available() else "cpu"
         if self.threads is None and self.device == "cpu":
             self.threads = 1
+        for name in ("methods", "drafters", "budgets", "temperatures", "prompt_sets"):  # a repeat adds nothing
+            setattr(self, name, list(dict.fromkeys(getattr(self, name))))
 
 
 def _present_kit_drafters() -> list[str]:

@@ -123,6 +123,7 @@ def test_chain_budgets_past_the_block_share_one_run():
     (dict(temperatures=[-0.5]), "temperatures"),
     (dict(max_new_tokens=0), "max_new_tokens"),
     (dict(dtype="float8"), "dtype"),
+    (dict(target="some/model", drafters=["some/drafter"]), "'assisted' needs --assistant"),
 ])
 def test_bad_input_gives_clear_errors(kwargs, message):
     with pytest.raises(ValueError, match=message):
