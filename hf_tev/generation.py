@@ -422,8 +422,9 @@ def tree_speculative_decode(
     # 2. Cycles.
     while stop is None:
         past = cache.get_seq_length()
-        remaining = max_length - sequence.shape[1]  # tokens still allowed after the root
-        tree = candidates.get_candidates(root, features, context_positions, next_position, remaining, timer)
+        # Tokens still allowed after the root: the bonus is one of them, so deeper drafts would be cut anyway.
+        useful_depth = max_length - sequence.shape[1] - 1
+        tree = candidates.get_candidates(root, features, context_positions, next_position, useful_depth, timer)
         if tree.num_nodes == 1:  # nothing drafted: the cycle is a plain decoding step
             timer("draft")
             timer("build")
