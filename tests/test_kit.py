@@ -1,0 +1,88 @@
+"""The tiny model kit shipped in examples/tiny_kit: its files load, and TEV on the real trained target is exact
+with real acceptance (tau well above 1) on held-out prompts."""
+
+import json
+
+import pytest
+import torch
+from safetensors import safe_open
+
+import hf_tev
+from hf_tev.kit import KIT_DRAFTERS, KIT_MODELS, kit_dir, kit_path, load_kit_model, load_kit_prompts, load_kit_tokenizer
+
+
+@pytest.fixture(scope="module")
+def target():
+    return load_kit_model("target")
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return load_kit_tokenizer()
+
+
+def test_every_kit_model_loads_from_safetensors_with_a_card():
+    for name in KIT_MODELS:
+        path = kit_path(name)
+        assert (path / "README.md").is_file(), f"{name} has no model card"
+        assert not list(path.glob("*.bin")), f"{name} ships a pickle file"
+        with safe_open(path / "model.safetensors", "pt") as weights:
+            assert len(list(weights.keys())) > 0
+    for name in KIT_DRAFTERS:
+        drafter = load_kit_model(name)
+        assert isinstance(drafter, hf_tev.DFlashDraftModel)
+        config = json.loads((kit_path(name) / "config.json").read_text())
+        assert config["architectures"] == ["DFlashDraftModel"] and "dflash_config" in config
+
+
+def test_kit_models_fit_the_target(target):
+    for name in KIT_DRAFTERS:
+        load_kit_model(name).check_target(target)
+    assistant = load_kit_model("assistant-ar")
+    assert assistant.config.vocab_size == target.config.vocab_size
+
+
+def test_prompt_sets():
+    for name in ("heldout", "humaneval"):
+        prompts = load_kit_prompts(name)
+        assert len(prompts) > 100 and all(p == p.rstrip() for p in prompts)
+    with pytest.raises(ValueError, match="prompt set"):
+        load_kit_prompts("mt-bench")
+    with pytest.raises(ValueError, match="kit model"):
+        kit_path("drafter-nope")
+
+
+def test_kit_dir_error_names_the_fix(monkeypatch, tmp_path):
+    monkeypatch.setenv("HF_TEV_KIT", str(tmp_path))
+    with pytest.raises(FileNotFoundError, match="HF_TEV_KIT"):
+        kit_dir()
+
+
+@pytest.mark.parametrize("drafter_name", ["drafter-dflash", "drafter-exittrain"])
+def test_greedy_tev_on_heldout_prompts_is_exact_with_real_acceptance(target, tokenizer, drafter_name):
+    drafter = load_kit_model(drafter_name)
+    prompts = load_kit_prompts("heldout", 3) + load_kit_prompts("humaneval", 2)
+    accepted = []
+    for prompt in prompts:
+        input_ids = tokenizer(prompt, return_tensors="pt").input_ids
+        expected = target.generate(input_ids, do_sample=False, max_new_tokens=40)
+        out = target.generate(input_ids, do_sample=False, max_new_tokens=40, assistant_model=drafter,
+                              tev_config=hf_tev.TEVConfig(budget=32), return_dict_in_generate=True)
+        assert out.sequences.tolist() == expected.tolist()
+        accepted += out.tev_stats.accepted_lengths
+    tau = sum(accepted) / len(accepted)
+    assert tau > 1.5, f"tau {tau:.2f}: the kit's drafter barely gets accepted"
+
+
+def test_sampled_tev_on_the_kit_tracks_coverage(target, tokenizer):
+    # At T=1 the mean accepted length estimates the mean coverage 1 + C of the same trees.
+    drafter = load_kit_model("drafter-dflash")
+    input_ids = tokenizer(load_kit_prompts("heldout", 1)[0], return_tensors="pt").input_ids
+    torch.manual_seed(0)
+    out = target.generate(input_ids, do_sample=True, top_k=0, max_new_tokens=96, assistant_model=drafter,
+                          tev_config=hf_tev.TEVConfig(budget=32), return_dict_in_generate=True)
+    stats = out.tev_stats
+    differences = torch.tensor(stats.accepted_lengths, dtype=torch.float64) - torch.tensor(stats.coverages)
+    standard_error = differences.std() / len(differences) ** 0.5
+    assert abs(differences.mean()) < 4 * standard_error + 1e-6
+    assert stats.mean_coverage > 1.3
