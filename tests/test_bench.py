@@ -108,7 +108,8 @@ def test_z_statistic_detects_a_shift_and_not_noise():
 
 def test_chain_budgets_past_the_block_share_one_run():
     models = SimpleNamespace(drafters={"d": SimpleNamespace(config=SimpleNamespace(block_size=16))})
-    config = BenchConfig(methods=["chain", "tev", "assisted"], drafters=["d"], budgets=[4, 32, 64], target="x")
+    config = BenchConfig(methods=["chain", "tev", "assisted"], drafters=["d"], budgets=[4, 32, 64], target="x",
+                         assistant="a")
     plan = plan_jobs(config, models)
     assert plan[("chain", "d", 32)] == plan[("chain", "d", 64)] == Job("chain", "d", 15)
     assert plan[("chain", "d", 4)] == Job("chain", "d", 4) and plan[("tev", "d", 64)] == Job("tev", "d", 64)
