@@ -709,7 +709,8 @@ def render_model_card(trainer: ExitTrainer, repo_id: str | None = None, target_m
         "lr_scheduler_type": getattr(args.lr_scheduler_type, "value", args.lr_scheduler_type),
         "warmup": args.warmup_steps,
         "weight_decay": args.weight_decay,
-        "num_train_epochs": args.num_train_epochs,
+        # epochs actually trained (max_steps overrides num_train_epochs)
+        "num_train_epochs": round(trainer.state.epoch or 0.0, 2),
         "global_step": trainer.state.global_step,
         "effective_batch_size": effective_batch,
         "precision": "bf16" if args.bf16 else "fp16" if args.fp16 else "fp32",
