@@ -34,26 +34,23 @@ def timed(fn):
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--target", default=str(KIT / "target"), help="target model folder or Hub id")
-    parser.add_argument("--drafter", default=str(KIT / "drafter-dflash"), help="DFlash drafter folder or Hub id")
+    parser.add_argument("--drafter", default=str(KIT / "drafter-exittrain"), help="DFlash drafter folder or Hub id")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     parser.add_argument("--prompt", default=PROMPT)
-    parser.add_argument("--budget", type=int, default=32)
+    parser.add_argument("--budget", type=int, default=16)
     parser.add_argument("--max-new-tokens", type=int, default=96)
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (then tokens must be identical)")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
 
     dtype = getattr(torch, args.dtype)
     tokenizer = AutoTokenizer.from_pretrained(args.target)
     target = AutoModelForCausalLM.from_pretrained(args.target, dtype=dtype, attn_implementation="sdpa")
     target = target.to(args.device).eval()
-    if Path(args.drafter) == KIT / "drafter-dflash" and not Path(args.drafter).exists():
-        print(f"NOTE: {args.drafter} is not in this checkout; using a fresh, untrained drafter (tau will be ~1).")
-        torch.manual_seed(0)
-        drafter = hf_tev.DFlashDraftModel.from_target(target)
-    else:
-        drafter = hf_tev.DFlashDraftModel.from_pretrained(args.drafter, dtype=dtype)
-    drafter = drafter.to(args.device).eval()
+    drafter = hf_tev.DFlashDraftModel.from_pretrained(args.drafter, dtype=dtype).to(args.device).eval()
 
     # Byte-level BPE merges a newline with the next line's indentation: a prompt ending in whitespace is
     # out of distribution, so strip it.
