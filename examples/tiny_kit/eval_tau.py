@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 import hf_tev
-from hf_tev.kit import load_kit_model, load_kit_prompts, load_kit_tokenizer
+from hf_tev.kit import KIT_MODELS, load_kit_model, load_kit_prompts, load_kit_tokenizer
 
 KIT = Path(__file__).resolve().parent
 
@@ -41,7 +41,8 @@ def main():
 
     target = load_kit_model("target")
     prompt_sets = load_prompts(args.prompts)
-    drafters = {name: load_kit_model(name) for name in args.drafters.split(",")}
+    drafters = {name: load_kit_model(name) if name in KIT_MODELS else hf_tev.DFlashDraftModel.from_pretrained(name).eval()
+                for name in args.drafters.split(",")}  # kit names or drafter folders
     records = []
     for temperature in [float(t) for t in args.temperatures.split(",")]:
         sampling = dict(do_sample=True, temperature=temperature, top_k=0) if temperature > 0 else dict(do_sample=False)
