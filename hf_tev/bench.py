@@ -55,7 +55,10 @@ table) and `bench.png` (tau and SR against budget). JSON schema (`"schema": "hf_
 
 Fields that do not apply are null. `tokens_sha1` hashes every prompt's generated ids (first repeat), so records
 can be compared for identical output. Timings are wall clock on a possibly shared machine: the load average is
-recorded, and a warning is raised when it exceeds the core count.
+recorded, and a warning is raised when it exceeds the core count. On CPU, glibc hands buffers above its mmap
+threshold back to the OS when freed, so a stage that allocates a fresh multi-MB buffer every cycle (predraw's
+float64 CDF over [N, V] at large B) pays page faults each time; `MALLOC_MMAP_THRESHOLD_` /
+`MALLOC_TRIM_THRESHOLD_` change that, and the machine record keeps any `MALLOC_*` setting.
 """
 
 from __future__ import annotations
