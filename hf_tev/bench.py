@@ -938,28 +938,35 @@ def plot_report(document: dict, path: Path) -> None:
 
     records, temperatures = document["records"], document["settings"]["temperatures"]
     budgets = sorted(document["settings"]["budgets"])
-    figure, axes = plt.subplots(2, len(temperatures), figsize=(5.5 * len(temperatures), 7), squeeze=False)
+    drafters = list(dict.fromkeys(r["drafter"] for r in records if r["drafter"] is not None))
+    styles = ["-", "--", ":", "-."]
+
+    def style(record):  # colour per method, line style per drafter; methods without a budget are thin lines
+        dash = styles[drafters.index(record["drafter"]) % len(styles)] if record["drafter"] else "-"
+        return dict(color=f"C{list(METHODS).index(record['method']) % 10}", linestyle=dash, label=_label(record))
+
+    figure, axes = plt.subplots(2, len(temperatures), figsize=(5 * len(temperatures) + 2.5, 7), squeeze=False)
     for column, temperature in enumerate(temperatures):
         at_t = [r for r in records if r["temperature"] == temperature]
         for row, (key, name) in enumerate((("tau", "τ (block length)"), ("speedup", "SR vs ar"))):
             ax = axes[row][column]
             for label in dict.fromkeys(_label(r) for r in at_t):
-                rs = [r for r in at_t if _label(r) == label]
-                if rs[0]["budget"] is None:
-                    ax.axhline(statistics.fmean(r[key] for r in rs), linestyle="--", linewidth=1, label=label,
-                               color=f"C{list(METHODS).index(rs[0]['method'])}")
+                mine = [r for r in at_t if _label(r) == label]
+                if mine[0]["budget"] is None:
+                    ax.axhline(statistics.fmean(r[key] for r in mine), linewidth=1, alpha=0.8, **style(mine[0]))
                     continue
-                xs = [b for b in budgets if any(r["budget"] == b for r in rs)]
-                ys = [statistics.fmean(r[key] for r in rs if r["budget"] == b) for b in xs]
-                ax.plot(xs, ys, marker="o", label=label)
+                xs = [b for b in budgets if any(r["budget"] == b for r in mine)]
+                ys = [statistics.fmean(r[key] for r in mine if r["budget"] == b) for b in xs]
+                ax.plot(xs, ys, marker="o", linewidth=1.8, **style(mine[0]))
             ax.set_xscale("log", base=2)
             ax.set_xticks(budgets, [str(b) for b in budgets])
             ax.set_xlabel("budget B")
             ax.set_ylabel(name)
-            ax.set_title(f"{name}, T = {temperature:g}")
+            ax.set_title(f"{name}, T = {temperature:g} (mean over prompt sets)")
             ax.grid(alpha=0.3)
-    axes[0][-1].legend(fontsize=7, loc="best")
-    figure.tight_layout()
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    figure.legend(handles, labels, loc="center right", fontsize=8)
+    figure.tight_layout(rect=(0, 0, 1 - 2.4 / figure.get_figwidth(), 1))
     figure.savefig(path, dpi=110)
     plt.close(figure)
 
