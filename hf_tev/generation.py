@@ -443,9 +443,9 @@ def tree_speculative_decode(
         path, bonus, processed, probs = verifier_stage(
             tree, logits, sequence[:, :-1], logits_processor, verify if do_sample else None, generator, cache, past
         )
+        timer("verify")  # the paper's verifier stage ends with the commit
         accepted = path.numel()  # root + accepted drafted nodes
         features = drafter.context_features(out.hidden_states)[:, path]  # [1, accepted, k * H]
-        timer("verify")
 
         context_positions = torch.arange(next_position, next_position + accepted, device=input_ids.device)[None]
         next_position += accepted
