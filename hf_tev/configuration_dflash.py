@@ -121,20 +121,12 @@ def _legacy_rope_fields(rope_parameters: dict | None) -> dict[str, Any]:
 
 def _refuse_unsupported(config: DFlashConfig, extra: dict[str, Any]) -> None:
     """Raise ValueError naming every field whose value this implementation does not compute."""
-    problems = []
-    nested = config.dflash_config or {}
-    for key, value in nested.items():
-        if key in DFLASH_KEYS:
-            continue
-        if key in NEUTRAL_VARIANT_FIELDS and value in NEUTRAL_VARIANT_FIELDS[key]:
-            continue
-        problems.append(f"dflash_config.{key}={value!r}")
-    for key, value in extra.items():
-        if key in BENIGN_EXTRA_KEYS:
-            continue
-        if key in NEUTRAL_VARIANT_FIELDS and value in NEUTRAL_VARIANT_FIELDS[key]:
-            continue
-        problems.append(f"{key}={value!r}")
+    def unsupported(items, understood, prefix=""):
+        return [f"{prefix}{key}={value!r}" for key, value in items
+                if key not in understood and value not in NEUTRAL_VARIANT_FIELDS.get(key, ())]
+
+    problems = (unsupported((config.dflash_config or {}).items(), DFLASH_KEYS, "dflash_config.")
+                + unsupported(extra.items(), BENIGN_EXTRA_KEYS))
     if problems:
         raise ValueError(
             "DFlash drafter config has fields hf_tev does not support (a DFlash variant this implementation "

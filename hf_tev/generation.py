@@ -364,6 +364,7 @@ def tree_speculative_decode(
         generator = torch.Generator(device=input_ids.device).manual_seed(tev_config.seed)
     verify = VERIFIERS[tev_config.verifier]
     stats = TEVStats()
+    coverages = []  # 1 + C per cycle
     candidates = DFlashTreeCandidateGenerator(drafter, model, tev_config)
     hidden_indices = drafter.target_hidden_indices
     dtype = model.dtype
@@ -465,13 +466,14 @@ def tree_speculative_decode(
 
         stats.accepted_lengths.append(accepted)
         stats.tree_sizes.append(tree.num_nodes - 1)
-        if do_sample:
-            stats.coverages.append(float(target_flow(tree, probs)[0].sum()))
+        if do_sample:  # kept on the device; read once at the end, not a host sync per cycle
+            coverages.append(target_flow(tree, probs)[0].sum())
         else:
-            stats.coverages.append(float(accepted))  # at T=0 the target's flow is the argmax path
+            coverages.append(float(accepted))  # at T=0 the target's flow is the argmax path
         del out
         timer()
 
+    stats.coverages = [float(c) for c in coverages]
     if streamer is not None:
         streamer.end()
     if not return_dict:
