@@ -7,11 +7,11 @@ Trees come from `build_tree` on random drafter log-probs; every node gets a rand
 distribution. For each (V, B) all methods run interleaved on the same trees in one process, and
 the table gives the median wall time per call (synchronised on accelerators) and predraw / method.
 
-Methods, all taking the processed target distributions `probs` [N, V] unless noted:
+Methods, all taking the processed target logits `scores` [N, V] (each verifier normalises the rows it needs):
 - tev, predraw, residual: the three exact verifiers (`hf_tev.verify.VERIFIERS`);
-- greedy: the T = 0 rule on logits (no RNG);
-- softmax: probs = softmax(logits) over [N, V], the preparation the probs-taking verifiers share.
-(Not part of the comparison: the decode loop computes it once for whichever verifier runs.)
+- greedy: the T = 0 rule (no RNG);
+- softmax: softmax over all [N, V] rows, for scale (predraw does it inside; TEV and residual normalise only the
+  rows of nodes with children and the exit row).
 """
 
 import argparse
@@ -32,17 +32,17 @@ def make_cases(vocab, budget, depth, num_trees, device, seed=0):
         draft_logprobs = (4 * torch.randn(depth, vocab, generator=gen)).log_softmax(-1).to(device)
         tree = build_tree(draft_logprobs, budget, root_token=0)
         logits = (4 * torch.randn(tree.num_nodes, vocab, generator=gen)).to(device)
-        cases.append((tree, logits, torch.softmax(logits, dim=-1)))
+        cases.append((tree, logits))
     return cases
 
 
 def methods(generator):
     return {
-        "tev": lambda tree, logits, probs: verify_tev(tree, probs, generator),
-        "predraw": lambda tree, logits, probs: verify_predraw(tree, probs, generator),
-        "residual": lambda tree, logits, probs: verify_residual(tree, probs, generator),
-        "greedy": lambda tree, logits, probs: verify_greedy(tree, logits),
-        "softmax": lambda tree, logits, probs: torch.softmax(logits, dim=-1),
+        "tev": lambda tree, scores: verify_tev(tree, scores, generator),
+        "predraw": lambda tree, scores: verify_predraw(tree, scores, generator),
+        "residual": lambda tree, scores: verify_residual(tree, scores, generator),
+        "greedy": lambda tree, scores: verify_greedy(tree, scores),
+        "softmax": lambda tree, scores: torch.softmax(scores, dim=-1),
     }
 
 
@@ -54,15 +54,15 @@ def time_methods(cases, runs, device):
     times = {name: [] for name in fns}
     names = list(fns)
     for name in names:  # warm-up
-        for tree, logits, probs in cases:
-            fns[name](tree, logits, probs)
+        for case in cases:
+            fns[name](*case)
     for run in range(runs):
-        tree, logits, probs = cases[run % len(cases)]
+        case = cases[run % len(cases)]
         order = names[run % len(names):] + names[:run % len(names)]  # rotate: no method always first
         for name in order:
             synchronize()
             start = time.perf_counter()
-            fns[name](tree, logits, probs)
+            fns[name](*case)
             synchronize()
             times[name].append(time.perf_counter() - start)
     return {name: 1e6 * statistics.median(values) for name, values in times.items()}

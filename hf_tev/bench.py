@@ -547,7 +547,7 @@ def same_tree_verifier_stage(target, drafter, prompts, budget, logits_processor,
                 if sync:
                     torch.cuda.synchronize()
                 start = time.perf_counter()
-                path, bonus, _, _ = verifier_stage(tree, logits, sequence[:, :-1], logits_processor, VERIFIERS[name],
+                path, bonus, _ = verifier_stage(tree, logits, sequence[:, :-1], logits_processor, VERIFIERS[name],
                                                    generator, cache, past)
                 if sync:
                     torch.cuda.synchronize()

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from .tree import DraftTree
-from .verify import target_flow
+from .verify import edge_flow
 
 # The objectives ExitTrainer knows: tree weight w(v) * depth(v), tree weight P(v), or the standard
 # DFlash cross-entropy alone.
@@ -47,10 +47,8 @@ def training_flow(tree: DraftTree, probs: torch.Tensor, alpha: float) -> tuple[t
     """
     probs = probs.detach()
     probs = probs if probs.dtype == torch.float64 else probs.float()
-    # The flow of the floored edges is the target flow of the floored distributions (only the child
-    # entries of each row are ever read, and those are exactly the floored edge probabilities).
-    P, _ = target_flow(tree, probs.clamp_min(alpha))
     child_probs = probs[tree.parents[1:], tree.tokens[1:]]  # [N - 1] raw p(c)
+    P, _ = edge_flow(tree, child_probs.clamp_min(alpha))  # the flow of the floored edges
     covered = torch.zeros_like(P).index_add_(0, tree.parents[1:], child_probs)  # [N]
     rho = (1.0 - covered).clamp(0.0, 1.0)
     return P, rho
@@ -74,7 +72,7 @@ def node_weights(tree: DraftTree, probs: torch.Tensor, objective: str = "exit", 
 def expected_block_length(tree: DraftTree, probs: torch.Tensor) -> torch.Tensor:
     """`1 + C = sum_v P(v)` (P(root) = 1, unfloored flow): the mean tau any optimal exact verifier reaches
     on this tree (SPEC section 5). 0-dim float32 tensor."""
-    P, _ = target_flow(tree, probs.detach())
+    P, _ = edge_flow(tree, probs.detach()[tree.parents[1:], tree.tokens[1:]])
     return P.sum()
 
 

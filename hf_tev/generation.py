@@ -249,19 +249,18 @@ def verifier_stage(tree, logits, committed_ids, logits_processor, verify, genera
         committed_ids (`torch.LongTensor` of shape `(1, past)`): the tokens in the cache.
         verify: one of `hf_tev.verify.VERIFIERS`, or `None` for greedy decoding (the T=0 limit of them all).
     Returns:
-        `(path, bonus, processed, probs)`: accepted node indices root first `[k + 1]`, the bonus token (0-dim),
-        the processed scores `[N, V]` and their softmax (`None` when greedy).
+        `(path, bonus, processed)`: accepted node indices root first `[k + 1]`, the bonus token (0-dim) and the
+        processed scores `[N, V]` (each verifier normalises only the rows it needs).
     """
     processed = process_tree_logits(logits_processor, committed_ids, tree, logits)
-    probs = None
     if verify is None:
         path, bonus = verify_greedy(tree, processed)
     else:
-        probs = torch.softmax(processed, dim=-1)
-        path, bonus = verify(tree, probs, generator=generator)
-    path_list = path.tolist()  # the cycle's one host sync
+        path, bonus = verify(tree, processed, generator=generator)
+    path_list = path.tolist()  # verifiers return the path on the host (their one host sync)
+    path = path.to(logits.device, non_blocking=True)
     commit_accepted_path(cache, past, path, path_list == list(range(len(path_list))))
-    return path, bonus, processed, probs
+    return path, bonus, processed
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -441,7 +440,7 @@ def tree_speculative_decode(
 
         # 3. Verifier stage: processors, decision, commit.
         logits = out.logits[0].float()  # [N, V]
-        path, bonus, processed, probs = verifier_stage(
+        path, bonus, processed = verifier_stage(
             tree, logits, sequence[:, :-1], logits_processor, verify if do_sample else None, generator, cache, past
         )
         timer("verify")  # the paper's verifier stage ends with the commit
@@ -467,7 +466,7 @@ def tree_speculative_decode(
         stats.accepted_lengths.append(accepted)
         stats.tree_sizes.append(tree.num_nodes - 1)
         if do_sample:  # kept on the device; read once at the end, not a host sync per cycle
-            coverages.append(target_flow(tree, probs)[0].sum())
+            coverages.append(target_flow(tree, processed)[0].sum())
         else:
             coverages.append(float(accepted))  # at T=0 the target's flow is the argmax path
         del out

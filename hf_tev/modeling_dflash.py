@@ -222,7 +222,9 @@ class DFlashDraftModel(PreTrainedModel):
         if cfg.num_target_layers is not None and cfg.num_target_layers != text_config.num_hidden_layers:
             problems.append(f"layers: drafter built for {cfg.num_target_layers} target layers, target has "
                             f"{text_config.num_hidden_layers}")
-        if max(cfg.target_layer_ids) >= text_config.num_hidden_layers:
+        if not cfg.target_layer_ids or min(cfg.target_layer_ids) < 0:
+            problems.append(f"target_layer_ids {cfg.target_layer_ids} must be a non-empty list of layer indices >= 0")
+        elif max(cfg.target_layer_ids) >= text_config.num_hidden_layers:
             problems.append(f"target_layer_ids {cfg.target_layer_ids} reach past the target's "
                             f"{text_config.num_hidden_layers} layers")
         if problems:
@@ -231,13 +233,15 @@ class DFlashDraftModel(PreTrainedModel):
     # ------------------------------------------------------------- construction
 
     @classmethod
-    def from_target(cls, target, num_layers: int = 1, block_size: int = 16, mask_token_id: int | None = None):
+    def from_target(cls, target, num_layers: int = 1, block_size: int = 16, mask_token_id: int | None = None,
+                    target_layer_ids: list[int] | None = None):
         """A freshly initialised drafter sized for `target` (same dtype and device, eval mode like
         `from_pretrained`).
 
         Hidden size, heads, head_dim, KV heads, intermediate size, activation, rope parameters, rms eps and
-        vocabulary are the target's; `target_layer_ids` follow the default rule. Without `mask_token_id`,
-        the mask token is `default_mask_token_id(target.config)`.
+        vocabulary are the target's. Without `target_layer_ids` (which target layers' outputs the drafter
+        reads, any number of them), the default rule picks them. Without `mask_token_id`, the mask token is
+        `default_mask_token_id(target.config)`.
         """
         tc = target.config.get_text_config()
         config = DFlashConfig(
@@ -257,7 +261,8 @@ class DFlashDraftModel(PreTrainedModel):
             pad_token_id=tc.pad_token_id,
             block_size=block_size,
             num_target_layers=tc.num_hidden_layers,
-            target_layer_ids=default_target_layer_ids(tc.num_hidden_layers, num_layers),
+            target_layer_ids=(default_target_layer_ids(tc.num_hidden_layers, num_layers) if target_layer_ids is None
+                              else [int(i) for i in target_layer_ids]),
             mask_token_id=default_mask_token_id(tc) if mask_token_id is None else mask_token_id,
         )
         drafter = cls._from_config(config, dtype=target.dtype).to(target.device)

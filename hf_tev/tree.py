@@ -26,8 +26,20 @@ budget, hence one top-k per depth suffices.
 
 import heapq
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
+
+
+class TreeLists(NamedTuple):
+    """The tree's structure as host lists, for the verifiers' per-node bookkeeping (Python on a few
+    hundred nodes beats a dozen tiny tensor ops). `tokens[0]` (the root's) may be -1: the builder
+    does not copy the root token to the host, and a root is never a child token."""
+
+    parents: list[int]  # parents[0] = -1
+    children: list[list[int]]  # children of every node, in index (builder) order
+    tokens: list[int]
+    internal: list[int]  # nodes with children, ascending (`DraftTree.internal_nodes`)
 
 
 @dataclass(frozen=True)
@@ -47,8 +59,11 @@ class DraftTree:
     depths: torch.LongTensor
     parents: torch.LongTensor
     visibility: torch.BoolTensor
-    # Known at build time; saves a host sync when `max_depth` is asked for.
+    # Known at build time; save host syncs when asked for.
     _max_depth: int | None = field(default=None, repr=False, compare=False)
+    _internal_nodes: torch.LongTensor | None = field(default=None, repr=False, compare=False)
+    _lists: TreeLists | None = field(default=None, repr=False, compare=False)
+    _parent_rows: torch.LongTensor | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self):
         # Shapes and dtypes only: checking the values would cost host syncs on accelerators.
@@ -71,6 +86,29 @@ class DraftTree:
         if self._max_depth is not None:
             return self._max_depth
         return int(self.depths.max())
+
+    @property
+    def internal_nodes(self) -> torch.LongTensor:
+        """Nodes that have at least one child, ascending: `[I]` (empty for the root alone). Only these
+        nodes' target rows enter the target flow (SPEC section 5)."""
+        if self._internal_nodes is not None:
+            return self._internal_nodes
+        return torch.unique(self.parents[1:])  # sorted
+
+    @property
+    def parent_rows(self) -> torch.LongTensor:
+        """For every non-root node, the position of its parent in `internal_nodes`: `[N-1]`."""
+        if self._parent_rows is not None:
+            return self._parent_rows
+        return torch.searchsorted(self.internal_nodes, self.parents[1:])
+
+    @property
+    def lists(self) -> TreeLists:
+        """Host lists of the structure (built trees carry them; otherwise one device-to-host copy, cached)."""
+        if self._lists is None:
+            parents, tokens = torch.stack([self.parents, self.tokens]).tolist()
+            object.__setattr__(self, "_lists", _tree_lists(parents, tokens))  # frozen: cache by hand
+        return self._lists
 
     @property
     def depth_bound(self) -> int:
@@ -180,18 +218,30 @@ def build_tree(draft_logprobs: torch.Tensor, budget: int, root_token) -> DraftTr
     return _tree_from_lists(root, tokens, depths, parents, ancestors)
 
 
+def _tree_lists(parents: list[int], tokens: list[int]) -> TreeLists:
+    children = [[] for _ in parents]
+    for node in range(1, len(parents)):
+        children[parents[node]].append(node)
+    return TreeLists(parents, children, tokens, [node for node, kids in enumerate(children) if kids])
+
+
 def _tree_from_lists(root: torch.LongTensor, tokens: list, depths: list, parents: list,
                      ancestors: list) -> DraftTree:
     """Assemble a DraftTree from the builder's host lists (drafted nodes only; root prepended)."""
     device = root.device
     num_nodes = len(tokens) + 1
-    structure = torch.tensor([[0] + depths, [-1] + parents, [0] + tokens], dtype=torch.long).to(device)
+    lists = _tree_lists([-1] + parents, [-1] + tokens)
+    row_of = {node: row for row, node in enumerate(lists.internal)}
+    parent_rows = [0] + [row_of[parent] for parent in parents]
+    structure = torch.tensor([[0] + depths, [-1] + parents, [0] + tokens, parent_rows], dtype=torch.long).to(device)
     rows = [node for node, chain in enumerate(ancestors) for _ in chain]
     cols = [ancestor for chain in ancestors for ancestor in chain]
     visibility = torch.zeros(num_nodes, num_nodes, dtype=torch.bool)
     visibility[rows, cols] = True
+    internal = torch.tensor(lists.internal, dtype=torch.long).to(device)
     return DraftTree(tokens=torch.cat([root, structure[2, 1:]]), depths=structure[0], parents=structure[1],
-                     visibility=visibility.to(device), _max_depth=max(depths, default=0))
+                     visibility=visibility.to(device), _max_depth=max(depths, default=0), _internal_nodes=internal,
+                     _lists=lists, _parent_rows=structure[3, 1:])
 
 
 def chain_tree(draft_logprobs: torch.Tensor, root_token, length: int | None = None) -> DraftTree:
@@ -219,6 +269,7 @@ def chain_tree(draft_logprobs: torch.Tensor, root_token, length: int | None = No
         parents=depths - 1,
         visibility=torch.ones(length + 1, length + 1, dtype=torch.bool, device=device).tril(),
         _max_depth=length,
+        _internal_nodes=depths[:-1],
     )
 
 

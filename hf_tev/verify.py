@@ -1,24 +1,41 @@
 """Exact tree verifiers: target flow, TEV, predraw-and-follow, sequential residual, greedy.
 
-Every verifier gets the tree and `probs` [N, V]: row u is p_u, the target's processed
-next-token distribution after the path root..u. It returns `(path, bonus)`: the accepted
-node indices root..v (root first) and one token drawn outside the tree at v. All of them are
-exact (the emitted tokens are distributed as the target's own sampling) and optimal (the exit
-node follows the exit law E, so E[accepted nodes + 1] = 1 + coverage); SPEC section 5.
+Every verifier gets the tree and `scores` [N, V]: row u holds the target's processed
+next-token logits after the path root..u (what generate's logits processors return), so
+p_u = softmax(scores[u]); -inf entries (top-k, top-p, ...) have probability 0. It returns
+`(path, bonus)`: the accepted node indices root..v (root first) and one token drawn
+outside the tree at v. All of them are exact (the emitted tokens are distributed as the
+target's own sampling) and optimal (the exit node follows the exit law E, so
+E[accepted nodes + 1] = 1 + coverage); SPEC section 5.
 
-Randomness goes through two helpers, `_sample` (categorical) and `_bernoulli`, so that the
-tests can replace them by scripted draws and enumerate each verifier's output law exactly.
+Where the work goes. The [V]-wide work stays on the device: each verifier normalises only
+the rows it reads (TEV and the residual verifier: the rows of nodes with children plus the
+exit row; predraw: every row, it draws at every node). The per-node bookkeeping (flow,
+exit masses, the walk) then runs on the host, after ONE device-to-host copy of N numbers:
+on trees of tens to hundreds of nodes Python floats cost less than the dozen tiny tensor
+ops (each a dispatch on CPU, a launch on GPU) that the same arithmetic needs on the device,
+and the decode loop has to bring the accepted path to the host anyway. `path` is returned
+on the host; `bonus` (0-dim) stays on the device.
+
+Randomness goes through three helpers, `_sample` (categorical on the device),
+`_sample_host` (categorical from host weights and a given uniform) and `_bernoulli`, so
+that the tests can replace them by scripted draws and enumerate each verifier's output law
+exactly.
 """
+
+import itertools
+from bisect import bisect_left
 
 import torch
 
-from .tree import DraftTree
+from .tree import DraftTree, TreeLists
 
 # --------------------------------------------------------------------------------------------
 # Random draws (sync-free on accelerators)
 
 
-def _sample(weights: torch.Tensor, generator: torch.Generator | None = None) -> torch.LongTensor:
+def _sample(weights: torch.Tensor, generator: torch.Generator | None = None, uniform: float | None = None
+            ) -> torch.LongTensor:
     """One categorical draw per row of non-negative (unnormalised) weights, by inverse CDF.
 
     With x = u * total, u ~ U(0, 1], the draw is the first index whose cumulative weight is >= x:
@@ -27,12 +44,13 @@ def _sample(weights: torch.Tensor, generator: torch.Generator | None = None) -> 
     no host sync. The CDF is float64: a float32 running sum near 1 drops every addend below
     3e-8, i.e. the whole low-probability tail of a large vocabulary. (torch.multinomial and the
     exponential race are exact too, but their per-element random numbers make them several
-    times slower on CPU at vocabulary size.)
+    times slower on CPU at vocabulary size.) A host `uniform` (one row) saves the device draw.
     """
     # weights: [..., V] -> [...]
     cdf_dtype = torch.float32 if weights.device.type == "mps" else torch.float64  # MPS has no float64
     cdf = weights.cumsum(-1, dtype=cdf_dtype)  # [..., V]
-    uniform = torch.rand(cdf.shape[:-1] + (1,), generator=generator, dtype=cdf_dtype, device=cdf.device)
+    if uniform is None:
+        uniform = torch.rand(cdf.shape[:-1] + (1,), generator=generator, dtype=cdf_dtype, device=cdf.device)
     threshold = (1 - uniform) * cdf[..., -1:]  # [..., 1] in (0, total]
     return torch.searchsorted(cdf, threshold).squeeze(-1)
 
@@ -41,6 +59,16 @@ def _bernoulli(probs: torch.Tensor, generator: torch.Generator | None = None) ->
     """Independent coins, True with the given probabilities."""
     uniform = torch.rand(probs.shape, generator=generator, dtype=probs.dtype, device=probs.device)
     return uniform < probs  # U in [0, 1): P(U < a) = a
+
+
+def _sample_host(weights: list[float], uniform: float) -> int:
+    """One categorical draw from non-negative host weights, by inverse CDF with the given u ~ U[0, 1).
+
+    The same rule as `_sample`: the first index whose running sum is >= (1 - u) * total, so index i
+    wins with probability w_i / total and a zero weight never wins.
+    """
+    cdf = list(itertools.accumulate(weights))
+    return min(bisect_left(cdf, (1.0 - uniform) * cdf[-1]), len(cdf) - 1)
 
 
 # --------------------------------------------------------------------------------------------
@@ -57,64 +85,83 @@ def _check_rows(tree: DraftTree, rows: torch.Tensor, name: str) -> None:
                          f"got {tuple(rows.shape)}")
 
 
-def _flow_dtype(probs: torch.Tensor) -> torch.dtype:
-    return torch.float64 if probs.dtype == torch.float64 else torch.float32
+def _flow_dtype(scores: torch.Tensor) -> torch.dtype:
+    return torch.float64 if scores.dtype == torch.float64 else torch.float32
 
 
-def _edge_probs(tree: DraftTree, probs: torch.Tensor) -> torch.Tensor:
-    """p_{parent(c)}(token of c) for every non-root node c: [N-1]."""
-    return probs[tree.parents[1:], tree.tokens[1:]]
+def _internal_probs(tree: DraftTree, scores: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """p_u for the nodes with children, and the edge probabilities read from them.
+
+    Returns:
+        `(probs, edge)`: `[I, V]` softmax of the rows of `tree.internal_nodes` (in the flow dtype), and
+        `[N-1]` p_{parent(c)}(token of c) for every non-root node c.
+    """
+    internal = tree.internal_nodes  # [I], ascending
+    probs = torch.softmax(scores.index_select(0, internal).to(_flow_dtype(scores)), dim=-1)  # [I, V]
+    return probs, probs[tree.parent_rows, tree.tokens[1:]]
 
 
-def _path_to(tree: DraftTree, node: torch.LongTensor) -> torch.LongTensor:
-    """Indices root..node in depth order (ancestors have smaller indices): [depth(node) + 1]. Syncs."""
-    return tree.visibility[node].nonzero().squeeze(1)
+def _exit_row(tree: DraftTree, scores: torch.Tensor, probs: torch.Tensor, node: int) -> torch.Tensor:
+    """p_node [V]: from the rows already normalised when `node` has children, else its own softmax."""
+    lists = tree.lists
+    if lists.children[node]:
+        return probs[bisect_left(lists.internal, node)]
+    return torch.softmax(scores[node].to(_flow_dtype(scores)), dim=-1)
 
 
-def _residual(tree: DraftTree, row: torch.Tensor, node: torch.LongTensor) -> torch.Tensor:
+def _residual(tree: DraftTree, row: torch.Tensor, node: int, residual_mass: float = 0.0) -> torch.Tensor:
     """res_node(y) ∝ p_node(y) [y is not a child token of node], unnormalised: [V].
 
     If the children cover all of p_node's mass the residual is all zero; an exact verifier
     then exits at `node` with probability 0, so this is reached only through round-off in the
-    exit masses (~1e-7). Instead of sampling from zeros we fall back to p_node itself.
+    exit masses (~1e-7). Instead of sampling from zeros we fall back to p_node itself. The
+    check costs device ops, so it is skipped when the caller knows (from the edge probabilities,
+    `residual_mass` = 1 - their sum) that the residual is far from empty.
     """
-    # row: [V] p_node
-    vocab = row.shape[0]
-    # Child tokens of `node`; every other node points at an extra slot V that is cut off again.
-    child_tokens = torch.where(tree.parents[1:] == node, tree.tokens[1:], vocab)  # [N-1]
-    residual = torch.nn.functional.pad(row, (0, 1)).index_fill_(0, child_tokens, 0)[:vocab]  # [V]
+    children = tree.lists.children[node]
+    if not children:
+        return row
+    child_tokens = torch.tensor([tree.lists.tokens[c] for c in children], device=row.device)
+    residual = row.index_fill(0, child_tokens, 0)
+    if residual_mass > 1e-3:  # float32 edge sums are off by ~1e-6 at most: the residual holds mass
+        return residual
     return torch.where(residual.sum() > 0, residual, row)
 
 
-def _walk(tree: DraftTree, next_node: torch.LongTensor) -> torch.LongTensor:
-    """Follow next_node from the root until a node has none (-1); returns the last node (0-dim).
-
-    Pointer doubling: after j rounds jump[u] is where u is after 2^j steps (stops are fixed
-    points), so ceil(log2(max depth + 1)) rounds of one gather (4 for D = 15) reach the end of
-    any root path, with no host sync and no per-level Python step.
-    """
-    # next_node: [N], -1 where the walk stops
-    nodes = torch.arange(tree.num_nodes, device=next_node.device)
-    jump = torch.where(next_node >= 0, next_node, nodes)  # [N]
-    for _ in range(tree.depth_bound.bit_length()):  # 2^rounds > depth bound
-        jump = jump[jump]
-    return jump[0]
+def _to_host(values: torch.Tensor, generator: torch.Generator | None, draws: int = 1) -> tuple[list[float], list[float]]:
+    """values [n] and `draws` fresh uniforms, in one device-to-host copy."""
+    uniform = torch.rand(draws, generator=generator, dtype=torch.float64, device=values.device)
+    if values.device.type == "cpu":  # nothing to batch: two list conversions are cheaper than a cat
+        return values.tolist(), uniform.tolist()
+    host = torch.cat([values.to(torch.float64), uniform]).tolist()
+    return host[:-draws], host[-draws:]
 
 
-def _child_by_choice(tree: DraftTree, choice: torch.LongTensor) -> torch.LongTensor:
-    """For every node u, the child whose token is choice[u], or -1: [N] (siblings have distinct tokens)."""
-    children = torch.arange(1, tree.num_nodes, device=choice.device)  # [N-1]
-    matches = choice[tree.parents[1:]] == tree.tokens[1:]  # [N-1]
-    next_node = torch.full_like(choice, -1)
-    return next_node.scatter_reduce(0, tree.parents[1:], torch.where(matches, children, -1), reduce="amax")
+def _path(lists: TreeLists, node: int) -> torch.LongTensor:
+    """Node indices root..node (ancestors have smaller indices), on the host: [depth(node) + 1]."""
+    path = [node]
+    while lists.parents[path[-1]] >= 0:
+        path.append(lists.parents[path[-1]])
+    return torch.tensor(path[::-1])
+
+
+def _follow(lists: TreeLists, choice: list[int]) -> int:
+    """From the root, move to the child whose token is choice[u] while there is one; the last node."""
+    node = 0
+    while True:
+        step = next((c for c in lists.children[node] if lists.tokens[c] == choice[node]), None)
+        if step is None:
+            return node
+        node = step
 
 
 # --------------------------------------------------------------------------------------------
 # Target flow and the verifiers
 
 
-def _flow(tree: DraftTree, edge: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(P, E) from the edge probabilities p_{parent(c)}(tok c) [N-1]; see `target_flow`."""
+def edge_flow(tree: DraftTree, edge: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(P, E) on the device from the edge probabilities p_{parent(c)}(tok c) `[N-1]` (any dtype, differentiable);
+    see `target_flow`. ExitTrain's loss weights use it with floored edges."""
     # P(u) = product of the edge probabilities on root..u: the ancestor rows of the visibility
     # matrix select them, every level at once. [N, N], tiny next to a vocabulary row.
     # (Column 0, the root, has no edge.)
@@ -127,49 +174,66 @@ def _flow(tree: DraftTree, edge: torch.Tensor) -> tuple[torch.Tensor, torch.Tens
     return flow, exit_mass
 
 
-def target_flow(tree: DraftTree, probs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Target flow on the tree.
+def _exit_masses_host(lists: TreeLists, edge: list[float]) -> tuple[list[float], list[float]]:
+    """E on the host, the same recursion as `edge_flow`: P(c) = P(u) p_u(tok c), E = P (1 - child mass).
+    Also returns 1 - child mass per node (the residual mass)."""
+    flow, residual_mass = [1.0] * len(lists.parents), [1.0] * len(lists.parents)
+    for node in range(1, len(lists.parents)):
+        parent = lists.parents[node]
+        flow[node] = flow[parent] * edge[node - 1]
+        residual_mass[parent] -= edge[node - 1]
+    return [max(p * r, 0.0) for p, r in zip(flow, residual_mass)], residual_mass
+
+
+def target_flow(tree: DraftTree, scores: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Target flow on the tree, on the device (no host sync).
 
     Args:
         tree (`DraftTree`): the tree.
-        probs (`torch.Tensor` of shape `[N, V]`): p_u for every node.
+        scores (`torch.Tensor` of shape `[N, V]`): processed target logits, p_u = softmax(scores[u]).
 
     Returns:
-        `(P, E)`, both `[N]` (float64 for float64 probs, else float32): P(root) = 1,
+        `(P, E)`, both `[N]` (float64 for float64 scores, else float32): P(root) = 1,
         P(c) = P(u) p_u(tok c); exit masses E(u) = P(u) - sum_{c child of u} P(c) >= 0, sum E = 1
         (E telescopes to P(root); the clamp only acts when round-off makes child masses exceed 1).
     """
-    _check_rows(tree, probs, "probs")
-    return _flow(tree, _edge_probs(tree, probs).to(_flow_dtype(probs)))
+    _check_rows(tree, scores, "scores")
+    return edge_flow(tree, _internal_probs(tree, scores)[1])
 
 
-def verify_tev(tree: DraftTree, probs: torch.Tensor, generator: torch.Generator | None = None):
+def verify_tev(tree: DraftTree, scores: torch.Tensor, generator: torch.Generator | None = None):
     """Tree Exit Verification: draw the exit node v ~ E, accept root..v, bonus ~ res_v.
 
-    Two draws per cycle; the only [V]-sized work is the exit node's residual row.
+    Two draws per cycle, no walk: the exit masses come from the edge probabilities alone, and
+    the only [V]-wide work besides normalising the rows of nodes with children is the exit
+    node's residual row.
 
     Returns:
-        `(path, bonus)`: `torch.LongTensor` `[k + 1]` node indices root..v, and a 0-dim token id.
+        `(path, bonus)`: `torch.LongTensor` `[k + 1]` node indices root..v (host), and a 0-dim token id.
     """
-    _, exit_mass = target_flow(tree, probs)
-    exit_node = _sample(exit_mass, generator)  # 0-dim
-    bonus = _sample(_residual(tree, probs[exit_node], exit_node), generator)
-    return _path_to(tree, exit_node), bonus
+    _check_rows(tree, scores, "scores")
+    lists = tree.lists
+    probs, edge = _internal_probs(tree, scores)
+    edge, (exit_uniform, bonus_uniform) = _to_host(edge, generator, draws=2)  # the one host copy
+    exit_mass, residual_mass = _exit_masses_host(lists, edge)
+    exit_node = _sample_host(exit_mass, exit_uniform)
+    residual = _residual(tree, _exit_row(tree, scores, probs, exit_node), exit_node, residual_mass[exit_node])
+    return _path(lists, exit_node), _sample(residual, generator, uniform=bonus_uniform)
 
 
-def verify_predraw(tree: DraftTree, probs: torch.Tensor, generator: torch.Generator | None = None):
+def verify_predraw(tree: DraftTree, scores: torch.Tensor, generator: torch.Generator | None = None):
     """DDTree's predraw-and-follow: y_u ~ p_u at every node, follow while y_u is a child token.
 
     Returns:
         `(path, bonus)` as `verify_tev`; bonus = the first draw that is not a child token.
     """
-    _check_rows(tree, probs, "probs")
-    draws = _sample(probs, generator)  # [N]
-    exit_node = _walk(tree, _child_by_choice(tree, draws))
-    return _path_to(tree, exit_node), draws[exit_node]
+    _check_rows(tree, scores, "scores")
+    draws = _sample(torch.softmax(scores.to(_flow_dtype(scores)), dim=-1), generator)  # [N]
+    exit_node = _follow(tree.lists, draws.tolist())  # the one host copy
+    return _path(tree.lists, exit_node), draws[exit_node]
 
 
-def verify_residual(tree: DraftTree, probs: torch.Tensor, generator: torch.Generator | None = None):
+def verify_residual(tree: DraftTree, scores: torch.Tensor, generator: torch.Generator | None = None):
     """Sequential residual verification.
 
     At node u the children are tried in builder order: with r the current normalised residual
@@ -182,22 +246,24 @@ def verify_residual(tree: DraftTree, probs: torch.Tensor, generator: torch.Gener
     Returns:
         `(path, bonus)` as `verify_tev`.
     """
-    _check_rows(tree, probs, "probs")
-    dtype = _flow_dtype(probs)
-    edge = _edge_probs(tree, probs).to(dtype)  # [N-1]
+    _check_rows(tree, scores, "scores")
+    lists = tree.lists
+    probs, edge = _internal_probs(tree, scores)  # [N-1]
     parents = tree.parents[1:]  # [N-1]
     children = torch.arange(1, tree.num_nodes, device=edge.device)  # [N-1]
     earlier_sibling = (parents[:, None] == parents[None, :]) & (children[:, None] > children[None, :])  # [N-1, N-1]
-    remaining = 1 - earlier_sibling.to(dtype) @ edge  # [N-1] residual mass when the child is tried
+    remaining = 1 - earlier_sibling.to(edge.dtype) @ edge  # [N-1] residual mass when the child is tried
     accept_prob = torch.where(remaining > 0, edge / remaining, 0).clamp_(0, 1)
-    accepted = _bernoulli(accept_prob, generator)  # [N-1]
-    # The first accepted child of each node in builder order (index order), or none.
-    first_accepted = torch.full((tree.num_nodes,), tree.num_nodes, device=edge.device)
-    first_accepted.scatter_reduce_(0, parents, torch.where(accepted, children, tree.num_nodes), reduce="amin")
-    exit_node = _walk(tree, torch.where(first_accepted < tree.num_nodes, first_accepted, -1))
+    accepted = [False] + _bernoulli(accept_prob, generator).tolist()  # per node; the one host copy
+    node = 0
+    while True:  # descend into the first accepted child in builder order
+        step = next((c for c in lists.children[node] if accepted[c]), None)
+        if step is None:
+            break
+        node = step
     # Every child of the exit node was rejected: r is p_v without all child tokens.
-    bonus = _sample(_residual(tree, probs[exit_node], exit_node), generator)
-    return _path_to(tree, exit_node), bonus
+    bonus = _sample(_residual(tree, _exit_row(tree, scores, probs, node), node), generator)
+    return _path(lists, node), bonus
 
 
 def verify_greedy(tree: DraftTree, logits: torch.Tensor):
@@ -207,12 +273,12 @@ def verify_greedy(tree: DraftTree, logits: torch.Tensor):
         logits (`torch.Tensor` of shape `[N, V]`): target scores per node (any monotone transform of p_u).
 
     Returns:
-        `(path, bonus)`: the deepest node v on the argmax path, and the argmax at v.
+        `(path, bonus)`: the deepest node v on the argmax path (host), and the argmax at v.
     """
     _check_rows(tree, logits, "logits")
     choice = logits.argmax(-1)  # [N]
-    exit_node = _walk(tree, _child_by_choice(tree, choice))
-    return _path_to(tree, exit_node), choice[exit_node]
+    exit_node = _follow(tree.lists, choice.tolist())  # the one host copy
+    return _path(tree.lists, exit_node), choice[exit_node]
 
 
 VERIFIERS = {"tev": verify_tev, "predraw": verify_predraw, "residual": verify_residual}

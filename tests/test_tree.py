@@ -132,12 +132,14 @@ def test_builder_invariants_at_realistic_size():
                 taken = siblings.get(u, set())
                 best_free = max(float(logprobs[depths[u], t]) for t in range(500) if t not in taken)
                 assert scores[u] + best_free <= worst + 1e-9
+        assert tree.internal_nodes.tolist() == sorted(set(parents[1:]))  # known at build time
 
 
 def test_budget_zero_and_no_depth_give_root_only():
     for tree in (build_tree(torch.zeros(3, 4), 0, 5), build_tree(torch.zeros(0, 4), 10, 5)):
         assert tree.tokens.tolist() == [5] and tree.parents.tolist() == [-1] and tree.depths.tolist() == [0]
         assert tree.visibility.tolist() == [[True]] and tree.max_depth == 0
+        assert tree.internal_nodes.tolist() == []
 
 
 def test_chain_tree():
@@ -146,7 +148,7 @@ def test_chain_tree():
     assert tree.tokens.tolist() == [9, 1, 0, 2]  # argmax, lowest id on ties
     assert tree.parents.tolist() == [-1, 0, 1, 2] and tree.depths.tolist() == [0, 1, 2, 3]
     assert torch.equal(tree.visibility, torch.ones(4, 4, dtype=torch.bool).tril())
-    assert tree.max_depth == 3
+    assert tree.max_depth == 3 and tree.internal_nodes.tolist() == [0, 1, 2]
     short = chain_tree(logprobs, 9, length=1)
     assert short.tokens.tolist() == [9, 1] and short.max_depth == 1
     assert chain_tree(logprobs, 9, length=0).tokens.tolist() == [9]
@@ -228,7 +230,7 @@ def test_bad_inputs_raise_clear_errors():
 def test_draft_tree_properties():
     tree = DraftTree(tokens=torch.tensor([4, 5, 6]), depths=torch.tensor([0, 1, 1]),
                      parents=torch.tensor([-1, 0, 0]), visibility=torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]]).bool())
-    assert tree.num_nodes == 3 and tree.max_depth == 1
+    assert tree.num_nodes == 3 and tree.max_depth == 1 and tree.internal_nodes.tolist() == [0]
 
 
 def test_draft_tree_rejects_bad_shapes():

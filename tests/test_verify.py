@@ -1,7 +1,7 @@
 """Exactness of the verifiers: exhaustive enumeration of every draw, Monte-Carlo, greedy limit.
 
-The exact law of a verifier is obtained by running the real verifier code with its two random
-helpers (`_sample`, `_bernoulli`) replaced by scripted draws and enumerating every sequence of
+The exact law of a verifier is obtained by running the real verifier code with its random
+helpers (`_sample`, `_sample_host`, `_bernoulli`) replaced by scripted draws and enumerating every sequence of
 draw outcomes (depth-first, restarting the verifier for each branch), each weighted by its
 probability. The helpers themselves are covered by the seeded Monte-Carlo test, which runs the
 verifiers unpatched. The reference is the target's own sampling, computed here by walking the
@@ -83,7 +83,7 @@ class _ScriptedDraws:
         self.probability *= dict(outcomes)[outcome]
         return outcome
 
-    def sample(self, weights, generator=None):  # stands in for verify._sample
+    def sample(self, weights, generator=None, uniform=None):  # stands in for verify._sample
         rows = weights.double().reshape(-1, weights.shape[-1])
         draws = []
         for row in rows:
@@ -91,6 +91,11 @@ class _ScriptedDraws:
             assert total > 0, "a verifier sampled from all-zero weights"
             draws.append(self._draw([(i, w / total) for i, w in enumerate(row.tolist()) if w > 0]))
         return torch.tensor(draws).reshape(weights.shape[:-1])
+
+    def sample_host(self, weights, uniform):  # stands in for verify._sample_host
+        total = sum(weights)
+        assert total > 0, "a verifier sampled from all-zero weights"
+        return self._draw([(i, w / total) for i, w in enumerate(weights) if w > 0])
 
     def bernoulli(self, probs, generator=None):  # stands in for verify._bernoulli
         coins = []
@@ -101,7 +106,9 @@ class _ScriptedDraws:
 
 
 def enumerate_law(verifier, tree, probs, monkeypatch):
-    """Exact law of (exit node, bonus) of `verifier`, summed over every outcome of every draw."""
+    """Exact law of (exit node, bonus) of `verifier` given p_u = probs[u] (as scores log p_u), summed over
+    every outcome of every draw."""
+    scores = probs.log()
     law = defaultdict(float)
     pending = [[]]
     runs = 0
@@ -110,9 +117,10 @@ def enumerate_law(verifier, tree, probs, monkeypatch):
         draws = _ScriptedDraws(script)
         monkeypatch.setattr(verify_module, "_sample", draws.sample)
         monkeypatch.setattr(verify_module, "_bernoulli", draws.bernoulli)
+        monkeypatch.setattr(verify_module, "_sample_host", draws.sample_host)
         runs += 1
         try:
-            path, bonus = verifier(tree, probs, generator=None)
+            path, bonus = verifier(tree, scores, generator=None)
         except _NeedBranch as branch:
             pending.extend(script + [outcome] for outcome, _ in branch.outcomes)
             continue
@@ -183,7 +191,7 @@ CASES = {"branchy": case_branchy, "branchy_flat": case_branchy_flat, "edge_rows"
 @pytest.mark.parametrize("case", CASES)
 def test_target_flow_matches_direct_recursion(case):
     tree, probs = CASES[case]()
-    flow, exit_mass = target_flow(tree, probs)
+    flow, exit_mass = target_flow(tree, probs.log())
     parents, tokens = tree.parents.tolist(), tree.tokens.tolist()
     p = probs.double().tolist()
     expected_flow = [1.0] * tree.num_nodes
@@ -215,7 +223,7 @@ def test_exact_law_equals_target(name, case, monkeypatch):
     # Optimal: expected block length (accepted nodes + bonus) = 1 + coverage.
     depths = tree.depths.tolist()
     mean_tau = sum(mass * (depths[v] + 1) for (v, _), mass in law.items())
-    coverage = float(target_flow(tree, probs)[0][1:].sum())
+    coverage = float(target_flow(tree, probs.log())[0][1:].sum())
     assert mean_tau == pytest.approx(1 + coverage, abs=tol)
 
 
@@ -231,10 +239,10 @@ def test_enumeration_explores_every_draw(monkeypatch):
 
 def test_enumeration_detects_a_wrong_verifier(monkeypatch):
     # A deliberately wrong rule (bonus from p_v including child tokens) must be rejected.
-    def wrong_tev(tree, probs, generator=None):
-        _, exit_mass = target_flow(tree, probs)
-        node = verify_module._sample(exit_mass, generator)
-        return verify_module._path_to(tree, node), verify_module._sample(probs[node], generator)
+    def wrong_tev(tree, scores, generator=None):
+        _, exit_mass = target_flow(tree, scores)
+        node = int(verify_module._sample(exit_mass, generator))
+        return verify_module._path(tree.lists, node), verify_module._sample(scores[node].softmax(-1), generator)
 
     tree, probs = case_branchy()
     law, _ = enumerate_law(wrong_tev, tree, probs, monkeypatch)
@@ -263,7 +271,7 @@ def test_monte_carlo_frequencies_match_exact_law(name, case):
     counts = defaultdict(int)
     kids, tokens = children_of(tree), tree.tokens.tolist()
     for _ in range(num_samples):
-        path, bonus = VERIFIERS[name](tree, probs, generator=gen)
+        path, bonus = VERIFIERS[name](tree, probs.log(), generator=gen)
         v, y = int(path[-1]), int(bonus)
         assert y not in {tokens[c] for c in kids[v]}
         counts[(v, y)] += 1
@@ -288,8 +296,8 @@ def test_monte_carlo_frequencies_match_exact_law(name, case):
 def test_verifiers_are_reproducible_with_a_generator():
     tree, probs = case_branchy()
     for verifier in VERIFIERS.values():
-        first = [verifier(tree, probs, torch.Generator().manual_seed(s)) for s in range(5)]
-        again = [verifier(tree, probs, torch.Generator().manual_seed(s)) for s in range(5)]
+        first = [verifier(tree, probs.log(), torch.Generator().manual_seed(s)) for s in range(5)]
+        again = [verifier(tree, probs.log(), torch.Generator().manual_seed(s)) for s in range(5)]
         for (p1, b1), (p2, b2) in zip(first, again):
             assert torch.equal(p1, p2) and torch.equal(b1, b2)
 
@@ -328,7 +336,7 @@ def test_greedy_is_the_zero_temperature_limit(seed):
     one_hot = torch.nn.functional.one_hot(logits.argmax(-1), 5).float()
     for verifier in VERIFIERS.values():
         for s in range(3):
-            sampled_path, sampled_bonus = verifier(tree, one_hot, torch.Generator().manual_seed(s))
+            sampled_path, sampled_bonus = verifier(tree, one_hot.log(), torch.Generator().manual_seed(s))
             assert torch.equal(sampled_path, path) and int(sampled_bonus) == best
 
 
@@ -336,7 +344,7 @@ def test_single_node_tree():
     tree = make_tree([-1], [3])
     probs = torch.tensor([[0.0, 0.0, 1.0]])
     for verifier in VERIFIERS.values():
-        path, bonus = verifier(tree, probs, torch.Generator().manual_seed(0))
+        path, bonus = verifier(tree, probs.log(), torch.Generator().manual_seed(0))
         assert path.tolist() == [0] and int(bonus) == 2
     path, bonus = verify_greedy(tree, probs)
     assert path.tolist() == [0] and int(bonus) == 2 and bonus.dim() == 0
@@ -360,11 +368,53 @@ def test_16_bit_distributions(dtype):
     # The decode loop may hand over half-precision rows: flows are computed in float32, draws in float64.
     tree, probs = case_edge_rows()
     probs = probs.to(dtype)
-    flow, exit_mass = target_flow(tree, probs)
+    flow, exit_mass = target_flow(tree, probs.log())
     assert flow.dtype == torch.float32 and float(exit_mass.sum()) == pytest.approx(1.0, abs=1e-2)
     kids, tokens = children_of(tree), tree.tokens.tolist()
     for verifier in VERIFIERS.values():
         for s in range(20):
-            path, bonus = verifier(tree, probs, torch.Generator().manual_seed(s))
+            path, bonus = verifier(tree, probs.log(), torch.Generator().manual_seed(s))
             v = int(path[-1])
             assert int(bonus) not in {tokens[c] for c in kids[v]} and probs[v, int(bonus)] > 0
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_flow_reads_only_rows_of_nodes_with_children(case):
+    # TEV and the residual verifier normalise only these rows (the saving over a softmax of every row):
+    # leaf rows must not matter to the flow.
+    tree, probs = CASES[case]()
+    scores = probs.log()
+    leaves = torch.ones(tree.num_nodes, dtype=torch.bool)
+    leaves[tree.internal_nodes] = False
+    assert leaves.any()
+    poisoned = scores.clone()
+    poisoned[leaves] = float("nan")
+    for got, want in zip(target_flow(tree, poisoned), target_flow(tree, scores)):
+        assert torch.equal(got, want)
+
+
+def test_scores_are_logits_up_to_a_row_constant():
+    # The verifiers take processed logits: shifting a row by a constant leaves p_u, hence every draw, unchanged.
+    tree, probs = case_branchy()
+    scores = probs.log()
+    shifted = scores + torch.arange(tree.num_nodes, dtype=scores.dtype)[:, None] * 3.5
+    for verifier in VERIFIERS.values():
+        for s in range(5):
+            a = verifier(tree, scores, torch.Generator().manual_seed(s))
+            b = verifier(tree, shifted, torch.Generator().manual_seed(s))
+            assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+    assert torch.allclose(target_flow(tree, shifted)[1], target_flow(tree, scores)[1], atol=1e-12)
+
+
+def test_host_sampler_follows_the_inverse_cdf():
+    sample = verify_module._sample_host
+    weights = [0.0, 0.25, 0.0, 0.5, 0.25, 0.0]
+    # x = (1 - u) * total: the first index whose running sum reaches x; zero weights never win.
+    assert sample(weights, 0.0) == 4 and sample(weights, 0.2) == 4 and sample(weights, 0.26) == 3
+    assert sample(weights, 0.74) == 3 and sample(weights, 0.76) == 1 and sample(weights, 1 - 1e-12) == 1
+    gen = torch.Generator().manual_seed(0)
+    counts = [0] * len(weights)
+    for u in torch.rand(20000, generator=gen, dtype=torch.float64).tolist():
+        counts[sample(weights, u)] += 1
+    assert counts[0] == counts[2] == counts[5] == 0
+    assert abs(counts[3] / 20000 - 0.5) < 0.015 and abs(counts[1] / 20000 - 0.25) < 0.015

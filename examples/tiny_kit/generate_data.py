@@ -36,9 +36,10 @@ def main():
     parser.add_argument("--target", type=Path, default=TARGET_DIR)
     parser.add_argument("--prompts", type=Path, default=KIT_DIR / "build" / "prompts_train.json")
     parser.add_argument("--out", type=Path, default=KIT_DIR / "build" / "train_generated.jsonl")
-    parser.add_argument("--num", type=int, default=3000, help="prompts to continue (the first N of --prompts)")
+    parser.add_argument("--start", type=int, default=0, help="skip the first START prompts of --prompts")
+    parser.add_argument("--num", type=int, default=3000, help="prompts to continue (N prompts from --start)")
     parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--temperature", type=float, default=1.0, help="0 = greedy")
     parser.add_argument("--batch-size", type=int, default=16, help="prompts per generate call")
     parser.add_argument("--chunk", type=int, default=64, help="prompts per write (and per seed)")
     parser.add_argument("--minutes", type=float, default=None, help="stop starting new chunks after this wall time")
@@ -54,12 +55,15 @@ def main():
 
     tokenizer = AutoTokenizer.from_pretrained(args.target)
     target = AutoModelForCausalLM.from_pretrained(args.target, dtype=torch.float32).eval()
-    prompts = json.loads(args.prompts.read_text())[: args.num]
+    prompts = json.loads(args.prompts.read_text())[args.start : args.start + args.num]
     done = count_rows(args.out)  # resume: rows are written in prompt order, chunk by chunk
     if done % args.chunk and done < len(prompts):
         raise ValueError(f"{args.out} has {done} rows, not a multiple of --chunk {args.chunk}; use the same --chunk")
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    sampling = dict(do_sample=True, temperature=args.temperature, top_k=0, top_p=1.0)
+    if args.temperature == 0:  # greedy continuations: what the target writes at T = 0
+        sampling = dict(do_sample=False)
+    else:
+        sampling = dict(do_sample=True, temperature=args.temperature, top_k=0, top_p=1.0)
 
     started = time.time()
     new_rows = new_tokens = 0

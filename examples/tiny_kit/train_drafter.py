@@ -29,12 +29,35 @@ from hf_tev import DFlashDraftModel, ExitTrainer, ExitTrainingArguments
 KIT = Path(__file__).resolve().parent
 
 
+def widen(drafter, target, target_layers):
+    """A drafter reading `target_layers` that computes exactly what `drafter` computes: `fc`'s columns for
+    the layers `drafter` already reads are copied, the new layers' columns start at zero (training then
+    learns to use them)."""
+    old = drafter.config.target_layer_ids
+    missing = [i for i in old if i not in target_layers]
+    if missing:
+        raise ValueError(f"--target-layers {target_layers} must include the --init drafter's layers {old}")
+    wide = DFlashDraftModel.from_target(target, num_layers=drafter.config.num_hidden_layers,
+                                        block_size=drafter.config.block_size,
+                                        mask_token_id=drafter.config.mask_token_id, target_layer_ids=target_layers)
+    state = drafter.state_dict()
+    hidden = drafter.config.hidden_size
+    fc = torch.zeros_like(wide.fc.weight)
+    for j, layer in enumerate(old):
+        k = target_layers.index(layer)
+        fc[:, k * hidden:(k + 1) * hidden] = state["fc.weight"][:, j * hidden:(j + 1) * hidden]
+    state["fc.weight"] = fc
+    wide.load_state_dict(state, strict=True)
+    return wide
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--init", default=None, help="drafter to start from (default: a fresh one)")
     parser.add_argument("--objective", choices=["dflash", "prefix", "exit"], required=True)
     parser.add_argument("--out", required=True)
-    parser.add_argument("--data", default=str(KIT / "data" / "train_generated.jsonl"))
+    parser.add_argument("--data", default=str(KIT / "data" / "train_generated.jsonl"),
+                        help="JSONL training rows; several files comma-separated are concatenated")
     parser.add_argument("--max-rows", type=int, default=None, help="use the first N rows only")
     parser.add_argument("--max-steps", type=int, required=True)
     parser.add_argument("--learning-rate", type=float, default=2e-4)
@@ -43,6 +66,9 @@ def main():
     parser.add_argument("--tree-budget", type=int, default=32)
     parser.add_argument("--tree-weight", type=float, default=0.1)
     parser.add_argument("--num-layers", type=int, default=1)
+    parser.add_argument("--target-layers", default=None,
+                        help="comma-separated target layers the drafter reads (default: the default rule). With "
+                             "--init reading a subset of them, the drafter is widened without changing its output")
     parser.add_argument("--block-size", type=int, default=16)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
@@ -52,11 +78,15 @@ def main():
 
     tokenizer = AutoTokenizer.from_pretrained(KIT / "target")
     target = AutoModelForCausalLM.from_pretrained(KIT / "target", attn_implementation="sdpa")
+    target_layers = [int(i) for i in args.target_layers.split(",")] if args.target_layers else None
     if args.init:
         drafter = DFlashDraftModel.from_pretrained(args.init)
+        if target_layers is not None and target_layers != drafter.config.target_layer_ids:
+            drafter = widen(drafter, target, target_layers)
     else:
-        drafter = DFlashDraftModel.from_target(target, num_layers=args.num_layers, block_size=args.block_size)
-    rows = [json.loads(line) for line in open(args.data)]
+        drafter = DFlashDraftModel.from_target(target, num_layers=args.num_layers, block_size=args.block_size,
+                                               target_layer_ids=target_layers)
+    rows = [json.loads(line) for path in args.data.split(",") for line in open(path) if line.strip()]
     rows = rows[: args.max_rows] if args.max_rows else rows
 
     training_args = ExitTrainingArguments(
@@ -76,8 +106,10 @@ def main():
     (Path(args.out) / "training_args.bin").unlink(missing_ok=True)  # a pickle: the card and trainlog.json say it all
     card = trainer.create_model_card(
         target_model_id="tiny-code-target (examples/tiny_kit/target)",
-        dataset_description=f"{len(rows)} training-split prompts of the tiny kit's Python corpus with "
-                            "continuations sampled from the target (T=1), `examples/tiny_kit/generate_data.py`.",
+        dataset_description=f"{len(rows)} training-split prompts of the tiny kit's Python corpus with continuations "
+                            "written by the target (`examples/tiny_kit/generate_data.py`: sampled at T=1 in "
+                            "`train_generated.jsonl`, greedy in `train_generated_greedy.jsonl`), from "
+                            + ", ".join(f"`{Path(p).name}`" for p in args.data.split(",")) + ".",
     )
     (Path(args.out) / "README.md").write_text(card)
     log = {"args": vars(args), "seconds": seconds, "rows": len(rows), "history": trainer.state.log_history}
