@@ -365,6 +365,13 @@ def test_from_target_sizes_and_mask_rule(tmp_path, qwen3_target, llama_target):
     assert cfg.mask_token_id == 0  # the target's pad id (0) differs from its eos (2)
     assert not any("embed" in n or "lm_head" in n for n, _ in drafter.named_parameters())
     assert DFlashDraftModel.from_target(llama_target, mask_token_id=7).config.mask_token_id == 7
+    # any set of target layers, read in the given order; fc takes one hidden-size slice per layer
+    wide = DFlashDraftModel.from_target(qwen3_target, num_layers=1, target_layer_ids=[0, 1, 3])
+    assert wide.config.target_layer_ids == [0, 1, 3] and wide.fc.in_features == 3 * tc.hidden_size
+    assert wide.target_hidden_indices == [1, 2, 4]
+    for bad in ([], [4], [-1]):
+        with pytest.raises(ValueError, match="target_layer_ids"):
+            DFlashDraftModel.from_target(qwen3_target, target_layer_ids=bad)
 
     # a Llama-3.1-style "llama3" rope is copied, computed like the target's, and survives a save round trip
     llama = LlamaForCausalLM(LlamaConfig(
