@@ -171,8 +171,9 @@ class DFlashTreeCandidateGenerator:
         block_ids = torch.cat([root.view(1, 1), self.masks[:, :depth]], dim=1)  # [1, depth + 1]
         block_positions = torch.arange(root_position, root_position + depth + 1, device=root.device)[None]
         logits = self.drafter.draft_logits(
-            self.target, context, block_ids, torch.cat([context_positions, block_positions], dim=1), cache=self.cache
-        )  # [1, depth, V]
+            self.target, context, block_ids, torch.cat([context_positions, block_positions], dim=1), cache=self.cache,
+            num_depths=min(depth, self.config.budget),  # a tree of B nodes is at most B deep: skip the LM head below
+        )  # [1, min(depth, budget), V]
         draft_logprobs = torch.log_softmax(logits[0].float(), dim=-1)  # [depth, V]
         timer("draft")
         if self.config.tree == "chain":

@@ -185,7 +185,8 @@ class DFlashDraftModel(PreTrainedModel):
         """The cache `draft_logits` keeps context K/V in (one per generation)."""
         return DynamicCache(config=self.config)
 
-    def draft_logits(self, target, context_hidden_states, block_ids, position_ids, cache=None) -> torch.Tensor:
+    def draft_logits(self, target, context_hidden_states, block_ids, position_ids, cache=None,
+                     num_depths: int | None = None) -> torch.Tensor:
         """Draft marginals of one block: `[B, L - 1, V]` logits q_1..q_D from the target's LM head.
 
         Args:
@@ -194,12 +195,15 @@ class DFlashDraftModel(PreTrainedModel):
             block_ids (`[B, L]`): `[root, mask, ..., mask]`, `L <= block_size`.
             position_ids (`[B|1, c + L]`): positions of the context rows, then of the block rows.
             cache: `new_cache()` or None. The new context K/V are kept; the block rows are removed again.
+            num_depths (`int`, *optional*): score only q_1..q_num_depths (`[B, num_depths, V]`); the block is
+                still drafted whole, so these rows are the same as without it.
         """
         noise_embeds = target.get_input_embeddings()(block_ids)  # [B, L, H]
         block_rows = self(noise_embeds, context_hidden_states, position_ids, cache=cache).last_hidden_state
         if cache is not None:
             cache.crop(-block_ids.shape[1])  # a view: only context K/V remain, no copy
-        return target.get_output_embeddings()(block_rows[:, 1:])
+        end = block_ids.shape[1] if num_depths is None else 1 + num_depths
+        return target.get_output_embeddings()(block_rows[:, 1:end])
 
     def check_target(self, target) -> None:
         """Raise ValueError naming every way this drafter does not fit `target`."""

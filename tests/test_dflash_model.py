@@ -247,6 +247,11 @@ def test_draft_logits_with_cache_equals_full_context(arch):
     with torch.no_grad():
         rows = drafter(target.get_input_embeddings()(block), features, torch.arange(n2 + 5)[None]).last_hidden_state
     torch.testing.assert_close(full, target.lm_head(rows[:, 1:]))
+    # scoring fewer depths gives the same first rows (the block is still drafted whole)
+    with torch.no_grad():
+        first = drafter.draft_logits(target, features[:, :n2], block, torch.arange(n2 + 5)[None], num_depths=2)
+    assert first.shape == (1, 2, VOCAB)
+    torch.testing.assert_close(first, full[:, :2])
 
 
 def test_context_features_from_selective_hidden_states():

@@ -30,10 +30,10 @@ def with_oracle(drafter, reference):
     """
     real = drafter.draft_logits
 
-    def draft_logits(target, context, block_ids, position_ids, cache=None):
-        logits = real(target, context, block_ids, position_ids, cache=cache)
+    def draft_logits(target, context, block_ids, position_ids, cache=None, num_depths=None):
+        logits = real(target, context, block_ids, position_ids, cache=cache, num_depths=num_depths)
         root_position = int(position_ids[0, -block_ids.shape[1]])
-        for depth in range(1, block_ids.shape[1]):
+        for depth in range(1, logits.shape[1] + 1):
             position = root_position + depth
             if position < reference.shape[1]:
                 logits[0, depth - 1, reference[0, position]] += 40.0 if position % 3 else 4.0
