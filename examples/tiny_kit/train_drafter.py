@@ -105,6 +105,7 @@ def main():
     trainer.save_model(args.out)
     (Path(args.out) / "training_args.bin").unlink(missing_ok=True)  # a pickle: the card and trainlog.json say it all
     card = trainer.create_model_card(
+        repo_id=str(args.out),  # where the drafter is (the trainer's output_dir is its checkpoints folder)
         target_model_id="tiny-code-target (examples/tiny_kit/target)",
         dataset_description=f"{len(rows)} training-split prompts of the tiny kit's Python corpus with continuations "
                             "written by the target (`examples/tiny_kit/generate_data.py`: sampled at T=1 in "
