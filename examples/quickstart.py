@@ -34,11 +34,11 @@ def timed(fn):
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--target", default=str(KIT / "target"), help="target model folder or Hub id")
-    parser.add_argument("--drafter", default=str(KIT / "drafter-exittrain"), help="DFlash drafter folder or Hub id")
+    parser.add_argument("--drafter", default=str(KIT / "drafter-dflash-l135"), help="DFlash drafter folder or Hub id")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     parser.add_argument("--prompt", default=PROMPT)
-    parser.add_argument("--budget", type=int, default=16)
+    parser.add_argument("--budget", type=int, default=8)
     parser.add_argument("--max-new-tokens", type=int, default=96)
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (then tokens must be identical)")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
