@@ -110,11 +110,6 @@ class DraftTree:
             object.__setattr__(self, "_lists", _tree_lists(parents, tokens))  # frozen: cache by hand
         return self._lists
 
-    @property
-    def depth_bound(self) -> int:
-        """An upper bound on `max_depth` known without a host sync (exact for built trees)."""
-        return self._max_depth if self._max_depth is not None else self.num_nodes - 1
-
 
 def _check_draft_logprobs(draft_logprobs) -> None:
     if not isinstance(draft_logprobs, torch.Tensor):

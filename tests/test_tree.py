@@ -236,7 +236,7 @@ def test_draft_tree_properties():
 def test_draft_tree_rejects_bad_shapes():
     ok = dict(tokens=torch.tensor([4, 5]), depths=torch.tensor([0, 1]), parents=torch.tensor([-1, 0]),
               visibility=torch.tensor([[True, False], [True, True]]))
-    assert DraftTree(**ok).depth_bound == 1
+    assert DraftTree(**ok).max_depth == 1 and DraftTree(**ok).lists.children == [[1], []]
     for name, bad in [("tokens", torch.tensor([4.0, 5.0])), ("depths", torch.tensor([0])),
                       ("parents", torch.tensor([[-1, 0]])), ("visibility", torch.ones(2, 3, dtype=torch.bool)),
                       ("visibility", torch.ones(2, 2))]:
