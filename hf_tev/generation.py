@@ -174,7 +174,7 @@ class DFlashTreeCandidateGenerator:
             self.target, context, block_ids, torch.cat([context_positions, block_positions], dim=1), cache=self.cache,
             num_depths=min(depth, self.config.budget),  # a tree of B nodes is at most B deep: skip the LM head below
         )  # [1, min(depth, budget), V]
-        draft_logprobs = torch.log_softmax(logits[0].float(), dim=-1)  # [depth, V]
+        draft_logprobs = torch.log_softmax(logits[0].float(), dim=-1)  # [min(depth, budget), V]
         timer("draft")
         if self.config.tree == "chain":
             tree = chain_tree(draft_logprobs, root, length=min(self.config.budget, depth))
