@@ -466,9 +466,9 @@ def tree_speculative_decode(
 
         stats.accepted_lengths.append(accepted)
         stats.tree_sizes.append(tree.num_nodes - 1)
-        if do_sample:  # kept on the device; read once at the end, not a host sync per cycle
+        if return_dict and do_sample:  # only returned statistics; kept on the device, read once at the end
             coverages.append(target_flow(tree, processed)[0].sum())
-        else:
+        elif return_dict:
             coverages.append(float(accepted))  # at T=0 the target's flow is the argmax path
         del out
         timer()
