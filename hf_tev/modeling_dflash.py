@@ -198,12 +198,15 @@ class DFlashDraftModel(PreTrainedModel):
             num_depths (`int`, *optional*): score only q_1..q_num_depths (`[B, num_depths, V]`); the block is
                 still drafted whole, so these rows are the same as without it.
         """
+        depths = block_ids.shape[1] - 1
+        if num_depths is not None and (isinstance(num_depths, bool) or not isinstance(num_depths, int)
+                                       or not 0 <= num_depths <= depths):
+            raise ValueError(f"num_depths must be an int in [0, {depths}] (the block's drafted depths), got {num_depths!r}")
         noise_embeds = target.get_input_embeddings()(block_ids)  # [B, L, H]
         block_rows = self(noise_embeds, context_hidden_states, position_ids, cache=cache).last_hidden_state
         if cache is not None:
             cache.crop(-block_ids.shape[1])  # a view: only context K/V remain, no copy
-        end = block_ids.shape[1] if num_depths is None else 1 + num_depths
-        return target.get_output_embeddings()(block_rows[:, 1:end])
+        return target.get_output_embeddings()(block_rows[:, 1:1 + (depths if num_depths is None else num_depths)])
 
     def check_target(self, target) -> None:
         """Raise ValueError naming every way this drafter does not fit `target`."""

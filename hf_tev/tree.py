@@ -265,6 +265,7 @@ def chain_tree(draft_logprobs: torch.Tensor, root_token, length: int | None = No
         visibility=torch.ones(length + 1, length + 1, dtype=torch.bool, device=device).tril(),
         _max_depth=length,
         _internal_nodes=depths[:-1],
+        _parent_rows=depths[:-1],  # node i's parent i - 1 is internal node number i - 1
     )
 
 

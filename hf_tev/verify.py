@@ -162,6 +162,9 @@ def _follow(lists: TreeLists, choice: list[int]) -> int:
 def edge_flow(tree: DraftTree, edge: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(P, E) on the device from the edge probabilities p_{parent(c)}(tok c) `[N-1]` (any dtype, differentiable);
     see `target_flow`. ExitTrain's loss weights use it with floored edges."""
+    if not isinstance(edge, torch.Tensor) or edge.shape != (tree.num_nodes - 1,):
+        raise ValueError(f"edge must be a tensor of shape [N - 1] = [{tree.num_nodes - 1}] (one per non-root node), "
+                         f"got {getattr(edge, 'shape', type(edge).__name__)}")
     # P(u) = product of the edge probabilities on root..u: the ancestor rows of the visibility
     # matrix select them, every level at once. [N, N], tiny next to a vocabulary row.
     # (Column 0, the root, has no edge.)

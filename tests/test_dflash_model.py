@@ -252,6 +252,9 @@ def test_draft_logits_with_cache_equals_full_context(arch):
         first = drafter.draft_logits(target, features[:, :n2], block, torch.arange(n2 + 5)[None], num_depths=2)
     assert first.shape == (1, 2, VOCAB)
     torch.testing.assert_close(first, full[:, :2])
+    for bad in (-1, 5, 2.0, True):
+        with pytest.raises(ValueError, match="num_depths"):
+            drafter.draft_logits(target, features[:, :n2], block, torch.arange(n2 + 5)[None], num_depths=bad)
 
 
 def test_context_features_from_selective_hidden_states():

@@ -133,6 +133,7 @@ def test_builder_invariants_at_realistic_size():
                 best_free = max(float(logprobs[depths[u], t]) for t in range(500) if t not in taken)
                 assert scores[u] + best_free <= worst + 1e-9
         assert tree.internal_nodes.tolist() == sorted(set(parents[1:]))  # known at build time
+        assert torch.equal(tree.parent_rows, torch.searchsorted(tree.internal_nodes, tree.parents[1:]))
 
 
 def test_budget_zero_and_no_depth_give_root_only():
@@ -149,6 +150,7 @@ def test_chain_tree():
     assert tree.parents.tolist() == [-1, 0, 1, 2] and tree.depths.tolist() == [0, 1, 2, 3]
     assert torch.equal(tree.visibility, torch.ones(4, 4, dtype=torch.bool).tril())
     assert tree.max_depth == 3 and tree.internal_nodes.tolist() == [0, 1, 2]
+    assert torch.equal(tree.parent_rows, torch.searchsorted(tree.internal_nodes, tree.parents[1:]))
     short = chain_tree(logprobs, 9, length=1)
     assert short.tokens.tolist() == [9, 1] and short.max_depth == 1
     assert chain_tree(logprobs, 9, length=0).tokens.tolist() == [9]

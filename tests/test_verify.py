@@ -393,6 +393,15 @@ def test_flow_reads_only_rows_of_nodes_with_children(case):
         assert torch.equal(got, want)
 
 
+def test_edge_flow_checks_its_input():
+    tree, probs = case_branchy()
+    edge = probs[tree.parents[1:], tree.tokens[1:]]
+    torch.testing.assert_close(verify_module.edge_flow(tree, edge), target_flow(tree, probs.log()), atol=1e-12, rtol=0)
+    for bad in (edge[:-1], edge[None], edge.tolist()):
+        with pytest.raises(ValueError, match="edge must be"):
+            verify_module.edge_flow(tree, bad)
+
+
 def test_scores_are_logits_up_to_a_row_constant():
     # The verifiers take processed logits: shifting a row by a constant leaves p_u, hence every draw, unchanged.
     tree, probs = case_branchy()
