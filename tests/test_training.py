@@ -11,10 +11,12 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import make_target
+from huggingface_hub import ModelCard
 from safetensors import safe_open
 
-import hf_tev.training as training
-from hf_tev.exit_loss import node_weights
+import hf_tev.training.hub as hub
+import hf_tev.training.trainer as trainer_module
+from hf_tev.exit_loss import exittrain_loss
 from hf_tev.modeling_dflash import DFlashDraftModel
 from hf_tev.training import (
     ExitDataCollator,
@@ -84,7 +86,10 @@ def test_shared_block_forward_equals_one_draft_per_anchor(target, tmp_path):
                 torch.testing.assert_close(shared[b, slot], alone[0], rtol=1e-4, atol=1e-4)
 
 
-def test_batched_tree_pass_equals_plain_path_forwards(target):
+@pytest.mark.parametrize("window", [None, 3])
+def test_batched_tree_pass_equals_plain_path_forwards(window, target):
+    # With a context window W, the reference is a plain forward of x[:a] + path in which the path rows
+    # (root .. node) see only positions >= a - W of the prefix (the prefix rows stay causal).
     torch.manual_seed(0)
     T = 12
     input_ids = torch.randint(3, 96, (2, T))
@@ -93,13 +98,24 @@ def test_batched_tree_pass_equals_plain_path_forwards(target):
              for b, a, budget in zip(owners, anchors, [4, 2, 5])]
     with torch.no_grad():
         cache = target(input_ids, use_cache=True).cache
-        tokens, positions, mask, offsets = tree_batch_inputs(trees, owners, anchors, 2, T, torch.float32)
+        tokens, positions, mask, offsets = tree_batch_inputs(trees, owners, anchors, 2, T, torch.float32,
+                                                             context_window=window)
         logits = target(tokens, position_ids=positions, attention_mask=mask, cache=cache).logits
         for tree, b, a, offset in zip(trees, owners, anchors, offsets):
             for node in range(tree.num_nodes):
                 path = tree.tokens[tree.visibility[node]]  # root .. node
-                plain = target(torch.cat([input_ids[b, :a], path])[None]).logits[0, -1]
+                sequence = torch.cat([input_ids[b, :a], path])[None]
+                n = sequence.shape[1]
+                visible = torch.ones(n, n, dtype=torch.bool).tril()
+                if window is not None:
+                    visible[a:, : max(a - window, 0)] = False
+                plain_mask = torch.zeros(1, 1, n, n).masked_fill(~visible, torch.finfo(torch.float32).min)
+                plain = target(sequence, attention_mask=plain_mask, position_ids=torch.arange(n)[None]).logits[0, -1]
                 torch.testing.assert_close(logits[b, offset + node], plain, rtol=1e-4, atol=1e-4)
+    if window is not None:  # the window changes what the trees see (here: anchors 9 and 6 lose context)
+        full = target(tokens, position_ids=positions, cache=target(input_ids, use_cache=True).cache,
+                      attention_mask=tree_batch_inputs(trees, owners, anchors, 2, T, torch.float32)[2]).logits
+        assert not torch.allclose(full, logits, atol=1e-3)
 
 
 def test_anchors_are_distinct_supervised_block_starts():
@@ -132,9 +148,9 @@ def test_step_trains_the_drafter_only_and_logs_the_parts(target, tmp_path):
     # The target's embeddings / LM head never became drafter parameters.
     assert not any("embed" in name or "lm_head" in name for name, _ in drafter.named_parameters())
     logged = trainer.state.log_history[0]
-    for key in ("loss", "loss_dflash", "loss_tree", "expected_block_length"):
+    for key in ("loss", "loss_dflash", "loss_tree", "tree_1_plus_c"):
         assert torch.isfinite(torch.tensor(logged[key])), key
-    assert 1.0 <= logged["expected_block_length"] <= 1.0 + 6
+    assert 1.0 <= logged["tree_1_plus_c"] <= 1.0 + 6
     assert logged["loss"] == pytest.approx(logged["loss_dflash"] + 0.1 * logged["loss_tree"], rel=1e-5)
 
 
@@ -156,33 +172,70 @@ def test_loss_goes_down_on_a_fixed_batch(objective, target, tmp_path):
         assert tree_history[-1] < tree_history[0], tree_history
 
 
-def test_training_trees_are_scored_like_plain_target_forwards(target, tmp_path, monkeypatch):
-    # The trainer uses the decoder's own builder, and the node distributions it weighs (node_weights)
-    # are the target's distributions after prefix x[:a] + the node's path, node by node.
-    assert training.build_tree is build_tree
+@pytest.mark.parametrize("tree_anchors", ["full_horizon", "all"])
+def test_training_trees_are_scored_like_plain_target_forwards(tree_anchors, target, tmp_path, monkeypatch):
+    # The trainer uses the decoder's own builder; the edge probabilities it weighs are the target's
+    # distributions after prefix x[:a] + the parent's path, node by node; trees hang only at tree anchors,
+    # while the cross-entropy covers every anchor.
+    assert trainer_module.build_tree is build_tree
     seen = []
 
-    def recording_weights(tree, probs, objective, alpha):
-        seen.append((tree, probs, objective, alpha))
-        return node_weights(tree, probs, objective, alpha)
+    def recording_loss(*args, **kwargs):
+        seen.append((args, kwargs))
+        return exittrain_loss(*args, **kwargs)
 
-    anchors, valid = torch.tensor([[3, 8], [5, 0]]), torch.tensor([[True, True], [True, False]])
-    monkeypatch.setattr(training, "node_weights", recording_weights)
-    monkeypatch.setattr(training, "sample_anchors", lambda loss_mask, num_anchors, generator: (anchors, valid))
+    # Rows of 12 tokens, 3 of prompt: supervised 3..11. Block size 4 drafts a+1..a+3: anchor 9's horizon
+    # leaves the sequence (10, 11 supervised, 12 outside); anchors 3 and 5 have a full horizon.
+    anchors, valid = torch.tensor([[3, 9], [5, 0]]), torch.tensor([[True, True], [True, False]])
+    monkeypatch.setattr(trainer_module, "exittrain_loss", recording_loss)
+    monkeypatch.setattr(trainer_module, "sample_anchors", lambda loss_mask, num_anchors, generator: (anchors, valid))
     drafter = make_drafter(target)
     trainer = ExitTrainer(model=drafter, target_model=target,
-                          args=make_args(tmp_path, objective="prefix", alpha=0.01, tree_budget=5))
+                          args=make_args(tmp_path, objective="prefix", alpha=0.01, tree_budget=5,
+                                         tree_anchors=tree_anchors))
     batch = ExitDataCollator()(make_rows(n=2, length=12))
     loss = trainer.compute_loss(drafter, batch)
-    assert torch.isfinite(loss) and len(seen) == 3
+    assert torch.isfinite(loss) and len(seen) == 1
+    (block_logits, labels, label_mask, trees, tree_blocks, tree_probs, objective), kwargs = seen[0]
+    assert objective == "prefix" and kwargs["alpha"] == 0.01
+    assert (kwargs["tree_normalization"], kwargs["ce_decay"]) == ("nodes", None)
+    assert label_mask.sum() == 3 + 2 + 3  # the CE: every valid anchor's supervised positions
+    expected = [(0, 0, 3), (1, 0, 5)] if tree_anchors == "full_horizon" else [(0, 0, 3), (0, 1, 9), (1, 0, 5)]
+    assert tree_blocks == [b * 2 + slot for b, slot, _ in expected]  # flat index b * A + slot
     with torch.no_grad():
-        for (tree, probs, objective, alpha), (b, a) in zip(seen, [(0, 3), (0, 8), (1, 5)]):
-            assert (tree.num_nodes, objective, alpha) == (6, "prefix", 0.01)
-            assert tree.tokens[0] == batch["input_ids"][b, a]
-            for node in range(tree.num_nodes):
-                path = tree.tokens[tree.visibility[node]]  # root .. node
+        for tree, edges, (b, slot, a) in zip(trees, tree_probs, expected):
+            assert tree.num_nodes == 6 and tree.tokens[0] == batch["input_ids"][b, a]
+            for node in range(1, tree.num_nodes):
+                path = tree.tokens[tree.visibility[tree.parents[node]]]  # root .. parent
                 plain = target(torch.cat([batch["input_ids"][b, :a], path])[None]).logits[0, -1].softmax(-1)
-                torch.testing.assert_close(probs[node], plain, rtol=1e-4, atol=1e-5)
+                torch.testing.assert_close(edges[node], plain[tree.tokens[node]], rtol=1e-4, atol=1e-6)
+
+
+def test_tree_knobs_reach_the_loss(target, tmp_path, monkeypatch):
+    seen = []
+    monkeypatch.setattr(trainer_module, "exittrain_loss",
+                        lambda *args, **kwargs: seen.append(kwargs) or exittrain_loss(*args, **kwargs))
+    drafter = make_drafter(target)
+    args = make_args(tmp_path, tree_normalization="weight_sum", ce_decay=True, gamma=3.0, ce_weight=0.5,
+                     tree_weight=0.2)
+    trainer = ExitTrainer(model=drafter, target_model=target, args=args)
+    trainer.compute_loss(drafter, ExitDataCollator()(make_rows(n=2, length=12)))
+    assert {k: seen[0][k] for k in ("tree_normalization", "ce_decay", "gamma", "ce_weight", "tree_weight")} == \
+        {"tree_normalization": "weight_sum", "ce_decay": True, "gamma": 3.0, "ce_weight": 0.5, "tree_weight": 0.2}
+
+
+def test_steps_without_a_tree_log_no_nan(target, tmp_path):
+    # 4 tokens, 2 of prompt: anchors 1 and 2 have a supervised next token but no full horizon (block size 4).
+    rows = make_rows(n=4, length=4, prompt_length=2)
+    trainer = ExitTrainer(model=make_drafter(target), target_model=target, args=make_args(tmp_path, max_steps=2),
+                          train_dataset=rows)
+    trainer.train()
+    logged = [entry for entry in trainer.state.log_history if "loss" in entry]
+    assert len(logged) == 2
+    for entry in logged:
+        assert all(not (isinstance(v, float) and v != v) for v in entry.values()), entry  # no NaN
+        assert "loss_dflash" in entry and "loss_tree" not in entry and "tree_1_plus_c" not in entry
+        assert entry["loss"] == pytest.approx(entry["loss_dflash"], rel=1e-5)
 
 
 def test_resume_gives_the_same_next_losses(target, tmp_path):
@@ -194,7 +247,7 @@ def test_resume_gives_the_same_next_losses(target, tmp_path):
     resumed = ExitTrainer(model=make_drafter(target, seed=123), target_model=target,
                           args=make_args(tmp_path / "b", **common), train_dataset=rows)
     resumed.train(resume_from_checkpoint=str(tmp_path / "a" / "out" / "checkpoint-2"))
-    for key in ("loss", "loss_tree", "expected_block_length"):
+    for key in ("loss", "loss_tree", "tree_1_plus_c"):
         # Steps 3 and 4 are computed after the resume (steps 1 and 2 come back from the checkpoint's state).
         assert len(losses(resumed, key, after_step=2)) == 2
         torch.testing.assert_close(losses(resumed, key, after_step=2), losses(straight, key, after_step=2),
@@ -212,7 +265,7 @@ def test_datasets_dataset_and_loss_mask_column_work(target, tmp_path):
                           args=make_args(tmp_path, max_steps=1), train_dataset=dataset, eval_dataset=dataset)
     trainer.train()
     metrics = trainer.evaluate()
-    assert {"eval_loss", "eval_loss_dflash", "eval_loss_tree", "eval_expected_block_length"} <= set(metrics)
+    assert {"eval_loss", "eval_loss_dflash", "eval_loss_tree", "eval_tree_1_plus_c"} <= set(metrics)
 
 
 def test_collator_pads_masks_and_truncates():
@@ -272,13 +325,14 @@ class RecordingHfApi:
 
 def test_push_to_hub_uploads_published_layout_and_card(target, tmp_path, monkeypatch):
     RecordingHfApi.calls = []
-    monkeypatch.setattr(training, "HfApi", RecordingHfApi)
+    monkeypatch.setattr(hub, "HfApi", RecordingHfApi)
     drafter = make_drafter(target)
     args = make_args(tmp_path, max_steps=2, save_strategy="steps", save_steps=1)
     trainer = ExitTrainer(model=drafter, target_model=target, args=args, train_dataset=make_rows(n=4))
     trainer.train()
     result = trainer.push_to_hub("me/tiny-exittrain", target_model_id="me/tiny-target",
-                                 dataset_description="Four random sequences.", measured_tau={64: 3.25})
+                                 dataset_description="Four random sequences.", measured_tau={64: 3.25},
+                                 tau_temperature=0.0, license="mit", datasets=["me/prompts"])
     assert result == "commit-url"
     (create, repo_id, create_kwargs), (upload, upload_repo, upload_kwargs) = RecordingHfApi.calls
     assert (create, repo_id, upload, upload_repo) == ("create_repo", "me/tiny-exittrain", "upload_folder", "me/tiny-exittrain")
@@ -298,15 +352,50 @@ def test_push_to_hub_uploads_published_layout_and_card(target, tmp_path, monkeyp
 
     card = (folder / "README.md").read_text()
     assert "$" not in card.replace("$ ", "")  # every placeholder filled
-    for text in ("base_model: me/tiny-target", "me/tiny-exittrain", "`exit`", "| tree budget (training) | 6 |",
-                 "| ce_weight (standard DFlash CE) | 1.0 |", "| tree_weight (tree loss) | 0.1 |", "| alpha", "| gamma",
-                 "Four random sequences.", "| budget 64 | 3.250 |",
-                 "tev_config=hf_tev.TEVConfig(budget=64)", "assistant_model=drafter"):
+    for text in ("me/tiny-exittrain", "**exit**", "| `tree_budget` | 6 |", "| `ce_weight` | 1.0 |",
+                 "| `tree_weight` | 0.1 |", "| `alpha` | 0.0001 |", "| `gamma` | 7.0 (unused) |",
+                 "| `tree_normalization` | nodes |", "| `tree_anchors` | full_horizon |",
+                 "| `tree_context_window` | None |", "| `anchors_per_sequence` | 3 |", "| optimizer steps | 2 |",
+                 "plain mean over the supervised block positions", "divided by their number of drafted nodes",
+                 "Four random sequences.", "| budget 64 | 0.0 | 3.250 |",
+                 'DFlashDraftModel.from_pretrained("me/tiny-exittrain")', "tev_config=hf_tev.TEVConfig()",
+                 "assistant_model=drafter"):
         assert text in card, text
+    for name in ExitTrainingArguments.knob_names:  # every knob is recorded
+        assert f"| `{name}` |" in card, name
+    metadata = ModelCard.load(folder / "README.md").data
+    assert metadata.base_model == "me/tiny-target" and metadata.library_name == "hf_tev"
+    assert metadata.license == "mit" and metadata.datasets == ["me/prompts"]
+    assert {"speculative-decoding", "dflash", "tev", "exittrain", "exit"} <= set(metadata.tags)
 
     loaded = DFlashDraftModel.from_pretrained(folder)
     for name, value in drafter.state_dict().items():
         torch.testing.assert_close(loaded.state_dict()[name], value)
+
+
+def test_push_to_hub_offline_fails_before_writing_anything(target, tmp_path, monkeypatch):
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)  # the constant is read at import
+    trainer = ExitTrainer(model=make_drafter(target), target_model=target, args=make_args(tmp_path))
+    out = Path(trainer.args.output_dir)
+    before = sorted(out.rglob("*")) if out.exists() else []
+    with pytest.raises(Exception, match="(?i)offline"):
+        trainer.push_to_hub("me/offline-drafter", target_model_id="me/tiny-target")
+    assert (sorted(out.rglob("*")) if out.exists() else []) == before
+
+
+def test_defaults_follow_the_released_code_and_knobs_are_the_exittrain_fields(tmp_path):
+    args = ExitTrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to=[])
+    assert (args.objective, args.anchors_per_sequence, args.tree_anchors, args.tree_normalization, args.ce_decay,
+            args.tree_context_window, args.tree_budget, args.ce_weight, args.tree_weight, args.alpha) == \
+        ("exit", 32, "full_horizon", "nodes", None, None, 32, 1.0, 0.1, 1e-4)
+    from dataclasses import fields
+
+    from transformers import TrainingArguments
+
+    own = {f.name for f in fields(ExitTrainingArguments)} - {f.name for f in fields(TrainingArguments)}
+    assert set(ExitTrainingArguments.knob_names) == own  # learning_rate, remove_unused_columns: inherited
 
 
 # ---------------------------------------------------------------------------------------------
@@ -369,6 +458,10 @@ def test_clear_errors_for_bad_input(target, tmp_path):
         make_args(tmp_path, remove_unused_columns=True)
     with pytest.raises(ValueError, match="alpha"):
         make_args(tmp_path, alpha=0.0)
+    for knob, value in (("tree_normalization", "mean"), ("tree_anchors", "some"), ("tree_context_window", 0),
+                         ("ce_decay", "yes"), ("anchors_per_sequence", 0)):
+        with pytest.raises(ValueError, match=knob):
+            make_args(tmp_path, **{knob: value})
     with pytest.raises(ValueError, match="input_ids"):
         ExitTrainer(model=drafter, target_model=target, args=make_args(tmp_path), train_dataset=[{"text": "hi"}])
     other_target = make_target("qwen3", hidden_size=32)

@@ -11,6 +11,12 @@
     python examples/tiny_kit/train_drafter.py --init examples/tiny_kit/drafter-dflash --objective exit \
         --out examples/tiny_kit/drafter-exittrain --max-steps 400
 
+The ExitTrain knobs default to `ExitTrainingArguments`' defaults (the authors' released recipe: CE without
+position decay for prefix/exit, tree loss over the number of drafted nodes, trees only for anchors with a
+full horizon, full target context), except `--anchors`, which stays 8 as in the kit's recorded runs. The
+recorded prefix / exit drafters (and `ablation/`) were trained by an earlier hf_tev whose objective was
+`--ce-decay yes --tree-normalization weight_sum --tree-anchors all`; pass those to repeat them.
+
 Data: `data/train_generated.jsonl` (rows `{"input_ids", "prompt_length"}`: training-split prompts with
 continuations sampled from the target itself, `generate_data.py`). The saved folder holds the drafter in
 the published DFlash layout, its model card and `trainlog.json` (the logged losses).
@@ -62,9 +68,17 @@ def main():
     parser.add_argument("--max-steps", type=int, required=True)
     parser.add_argument("--learning-rate", type=float, default=2e-4)
     parser.add_argument("--batch-size", type=int, default=8)
-    parser.add_argument("--anchors", type=int, default=8, help="anchors per sequence")
+    parser.add_argument("--anchors", type=int, default=8,
+                        help="anchors per sequence (8: the kit's recorded recipe; ExitTrainingArguments defaults to 32)")
     parser.add_argument("--tree-budget", type=int, default=32)
     parser.add_argument("--tree-weight", type=float, default=0.1)
+    parser.add_argument("--ce-decay", choices=["auto", "yes", "no"], default="auto",
+                        help="position decay of the CE (auto: only for --objective dflash)")
+    parser.add_argument("--gamma", type=float, default=7.0, help="CE decay exp(-(k-1)/gamma) when decayed")
+    parser.add_argument("--tree-normalization", choices=["nodes", "weight_sum"], default="nodes")
+    parser.add_argument("--tree-anchors", choices=["full_horizon", "all"], default="full_horizon")
+    parser.add_argument("--tree-context-window", type=int, default=None,
+                        help="tokens before the anchor the target sees when scoring trees (default: all)")
     parser.add_argument("--num-layers", type=int, default=1)
     parser.add_argument("--target-layers", default=None,
                         help="comma-separated target layers the drafter reads (default: the default rule). With "
@@ -92,7 +106,9 @@ def main():
     training_args = ExitTrainingArguments(
         output_dir=str(Path(args.out) / "checkpoints"), objective=args.objective, tree_budget=args.tree_budget,
         ce_weight=1.0, tree_weight=args.tree_weight if args.objective != "dflash" else 0.0,
-        anchors_per_sequence=args.anchors, learning_rate=args.learning_rate, max_steps=args.max_steps,
+        anchors_per_sequence=args.anchors, ce_decay={"auto": None, "yes": True, "no": False}[args.ce_decay],
+        gamma=args.gamma, tree_normalization=args.tree_normalization, tree_anchors=args.tree_anchors,
+        tree_context_window=args.tree_context_window, learning_rate=args.learning_rate, max_steps=args.max_steps,
         per_device_train_batch_size=args.batch_size, warmup_steps=min(100, args.max_steps // 10),
         lr_scheduler_type="cosine", weight_decay=0.0, logging_steps=20, save_strategy="no", report_to=[],
         use_cpu=True, dataloader_num_workers=0, seed=args.seed, disable_tqdm=True,

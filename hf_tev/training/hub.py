@@ -1,0 +1,252 @@
+"""Model cards and Hub uploads of trained drafters.
+
+The card template `drafter_card.md` is package data of `hf_tev.training`, read with `importlib.resources`
+(it ships in the wheel). `render_model_card` fills it from plain values, no model needed, and returns a
+`huggingface_hub.ModelCard` whose YAML metadata is a `ModelCardData` (`base_model` only for a Hub id,
+`library_name: hf_tev`, tags, license, datasets, `pipeline_tag`); `trainer_model_card` collects those
+values from an `ExitTrainer`. Uploads go through `huggingface_hub.HfApi` (`hub_api`, `upload_folder`).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from importlib import resources
+from pathlib import Path
+from string import Template
+from typing import Any
+
+from huggingface_hub import HfApi, ModelCard, ModelCardData
+from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+from .._version import __version__
+from ..exit_loss import ce_decays
+
+TEMPLATE = "drafter_card.md"
+# Every non-Python file of hf_tev.training read at run time (tests check that the wheel ships them).
+PACKAGE_DATA = (TEMPLATE,)
+TAGS = ("speculative-decoding", "dflash", "tev", "exittrain")
+# Never uploaded from the output folder: private files and checkpoints (the trainer adds training_args.bin).
+UPLOAD_IGNORE = ("_*", "checkpoint-*")
+# Knobs that only matter when trees are built (objectives "exit" and "prefix").
+TREE_KNOBS = ("tree_budget", "tree_weight", "alpha", "tree_normalization", "tree_anchors", "tree_context_window")
+
+OBJECTIVE_TITLES = {
+    "exit": "ExitTrain, exit-weighted tree loss",
+    "prefix": "prefix-weighted tree loss",
+    "dflash": "standard DFlash objective",
+}
+OBJECTIVE_DESCRIPTIONS = {
+    "exit": "ExitTrain: a cross-entropy of every block position against the target-written continuation plus "
+            "a tree loss on the inference-time draft tree weighted by exit weight `w(v) * depth(v)` (target "
+            "mass that leaves the tree at node v, times its depth).",
+    "prefix": "a cross-entropy of every block position against the target-written continuation plus a tree "
+              "loss on the inference-time draft tree weighted by the target prefix probability `P(v)` (the "
+              "prefix-weight ablation).",
+    "dflash": "the standard DFlash objective alone: cross-entropy of every block position against the "
+              "target-written continuation (\"finetuned DFlash\").",
+}
+
+
+def load_template() -> str:
+    """The card template's text, from the installed package."""
+    return resources.files(__package__).joinpath(TEMPLATE).read_text(encoding="utf-8")
+
+
+def is_hub_id(name: str | None) -> bool:
+    """True for a Hub model id `org/name` that is not a local path (absolute, `./`, `~`, or existing here)."""
+    if not name or os.path.isabs(name) or name.startswith((".", "~")) or os.path.exists(name):
+        return False
+    if name.count("/") != 1:
+        return False
+    try:
+        validate_repo_id(name)
+    except HFValidationError:
+        return False
+    return True
+
+
+def card_metadata(target_model_id: str | None, objective: str, license: str = "apache-2.0",
+                  datasets: Sequence[str] | None = None) -> ModelCardData:
+    """The card's YAML metadata; `base_model` is set only when `target_model_id` is a Hub id."""
+    tags = list(TAGS) + ([objective] if objective not in TAGS else [])
+    return ModelCardData(base_model=target_model_id if is_hub_id(target_model_id) else None, library_name="hf_tev",
+                         tags=tags, license=license, datasets=list(datasets) if datasets else None,
+                         pipeline_tag="text-generation")
+
+
+def render_model_card(*, target_model_id: str | None, objective: str, block_size: int,
+                      target_layer_ids: Sequence[int], repo_id: str | None = None, num_draft_layers: int | None = None,
+                      mask_token_id: int | None = None, init_from: str | None = None,
+                      knobs: Mapping[str, Any] | None = None, knob_help: Mapping[str, str] | None = None,
+                      steps: int | None = None, training: Mapping[str, Any] | None = None,
+                      dataset_description: str | None = None, measured_tau: Mapping[Any, float] | None = None,
+                      tau_temperature: float | None = None, license: str = "apache-2.0",
+                      datasets: Sequence[str] | None = None) -> ModelCard:
+    """Fill the card template. Only the target, the objective and the drafter's block size and target layers
+    are required; everything else is written when given.
+
+    Args:
+        target_model_id: the target's Hub id (the metadata's `base_model`), or a description / local path
+            (shown in the text only).
+        knobs: ExitTrain knobs by name (e.g. `tree_budget`, `ce_weight`); `knob_help` their meanings.
+        steps: optimizer steps trained.
+        training: further optimisation settings, label -> value (learning rate, batch size, ...).
+        measured_tau: mean tau by setting: `{64: 6.1}` (budget), `{(64, 0.0): 6.1}` (budget, temperature)
+            or `{"HumanEval, budget 64, T=0": 6.1}`; `tau_temperature` applies to keys without one.
+        license, datasets: metadata (`datasets`: Hub dataset ids of the training prompts).
+    """
+    knobs = dict(knobs or {})
+    hub_target = is_hub_id(target_model_id)
+    if hub_target:
+        target = f"`{target_model_id}`"
+    elif target_model_id and (os.path.isabs(target_model_id) or os.path.exists(target_model_id)):
+        target = f"`{Path(target_model_id).name}` (a local model folder)"
+    else:
+        target = target_model_id or "the target model it was trained with"
+    repo_id = repo_id or "<this repository>"
+    optimisation = dict(training or {})
+    if steps is not None:
+        optimisation["optimizer steps"] = steps
+    fields = {
+        "card_data": card_metadata(target_model_id, objective, license, datasets).to_yaml(),
+        "model_name": repo_id.rstrip("/").split("/")[-1],
+        "repo_id": repo_id,
+        "target": target,
+        "target_load": f'AutoModelForCausalLM.from_pretrained("{target_model_id}")' if hub_target
+                       else "the target model, loaded with transformers",
+        "objective": objective,
+        "objective_title": OBJECTIVE_TITLES[objective],
+        "objective_description": OBJECTIVE_DESCRIPTIONS[objective],
+        "block_size": block_size,
+        "draft_depth": block_size - 1,
+        "num_draft_layers": _or_unknown(num_draft_layers),
+        "target_layer_ids": list(target_layer_ids),
+        "mask_token_id": _or_unknown(mask_token_id),
+        "init_from": f"`{init_from}`" if init_from else "a freshly built drafter",
+        "loss_details": _loss_details(objective, knobs),
+        "knob_table": _table(("knob", "value", "meaning"),
+                             [(f"`{name}`", _knob_value(objective, knobs, name), (knob_help or {}).get(name, ""))
+                              for name in knobs]) if knobs else "Not recorded.",
+        "training_table": _table(("setting", "value"), list(optimisation.items())) if optimisation else "Not recorded.",
+        "data_description": dataset_description.strip() if dataset_description else "Not described by the uploader.",
+        "measured_tau": _tau_table(measured_tau, tau_temperature),
+        "hf_tev_version": __version__,
+    }
+    return ModelCard(Template(load_template()).substitute(fields))
+
+
+def trainer_model_card(trainer, repo_id: str | None = None, target_model_id: str | None = None,
+                       dataset_description: str | None = None, measured_tau: Mapping[Any, float] | None = None,
+                       tau_temperature: float | None = None, license: str = "apache-2.0",
+                       datasets: Sequence[str] | None = None) -> ModelCard:
+    """`render_model_card` with the drafter, the target and every knob of an `ExitTrainer`.
+
+    `target_model_id` defaults to the target's `name_or_path` (a local folder then stays out of the metadata);
+    `repo_id` to `args.hub_model_id`, then the output folder's name.
+    """
+    args = trainer.args
+    drafter = trainer.accelerator.unwrap_model(trainer.model)
+    config = drafter.config
+    target_model_id = target_model_id or getattr(trainer.target_model, "name_or_path", "") or None
+    repo_id = repo_id or args.hub_model_id or Path(args.output_dir).absolute().name
+    fields = type(args).__dataclass_fields__
+    knobs = {name: getattr(args, name) for name in args.knob_names}
+    knob_help = {name: fields[name].metadata.get("help", "") for name in args.knob_names}
+    training = {
+        "learning rate": args.learning_rate,
+        "lr schedule / warmup steps": f"{getattr(args.lr_scheduler_type, 'value', args.lr_scheduler_type)} / "
+                                      f"{args.warmup_steps}",
+        "weight decay": args.weight_decay,
+        "epochs trained": round(trainer.state.epoch or 0.0, 2),  # max_steps overrides num_train_epochs
+        "effective batch size (sequences)":
+            args.per_device_train_batch_size * args.gradient_accumulation_steps * max(args.world_size, 1),
+        "precision": "bf16" if args.bf16 else "fp16" if args.fp16 else "fp32",
+        "seed": args.seed,
+    }
+    description = [dataset_description.strip()] if dataset_description else ["Not described by the uploader."]
+    if trainer.train_dataset is not None and hasattr(trainer.train_dataset, "__len__"):
+        description.append(f"{len(trainer.train_dataset)} training sequences.")
+    init_from = getattr(drafter, "name_or_path", "") or None
+    return render_model_card(
+        target_model_id=target_model_id, objective=args.objective, block_size=config.block_size,
+        target_layer_ids=config.target_layer_ids, repo_id=repo_id, num_draft_layers=config.num_hidden_layers,
+        mask_token_id=config.mask_token_id, init_from=init_from, knobs=knobs, knob_help=knob_help,
+        steps=trainer.state.global_step, training=training, dataset_description=" ".join(description),
+        measured_tau=measured_tau, tau_temperature=tau_temperature, license=license, datasets=datasets)
+
+
+def hub_api(token: str | None = None) -> HfApi:
+    """An `HfApi` client that identifies hf_tev (library name and version) to the Hub."""
+    return HfApi(token=token, library_name="hf_tev", library_version=__version__)
+
+
+def upload_folder(api: HfApi, repo_id: str, folder: str | os.PathLike, ignore_patterns: Sequence[str] = UPLOAD_IGNORE,
+                  commit_message: str | None = None, revision: str | None = None, blocking: bool = True):
+    """Upload a saved drafter folder (weights, config, README.md); a future when `blocking=False`."""
+    return api.upload_folder(repo_id=repo_id, folder_path=str(folder), commit_message=commit_message,
+                             revision=revision, run_as_future=not blocking, ignore_patterns=list(ignore_patterns))
+
+
+# ----------------------------------------------------------------------------------------------
+# Pieces of the card text
+
+
+def _or_unknown(value) -> str:
+    return "not recorded" if value is None else str(value)
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(cell).replace("|", "\\|") for cell in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def _knob_value(objective: str, knobs: Mapping[str, Any], name: str) -> str:
+    value = knobs[name]
+    unused = (objective == "dflash" and name in TREE_KNOBS) or \
+        (name == "gamma" and not ce_decays(objective, knobs.get("ce_decay")))
+    return f"{value} (unused)" if unused else str(value)
+
+
+def _loss_details(objective: str, knobs: Mapping[str, Any]) -> str:
+    """What the recorded knobs mean for this run, one bullet each (only for the knobs given)."""
+    lines = []
+    if objective in ("exit", "prefix", "dflash") and ("ce_decay" in knobs or "gamma" in knobs):
+        if ce_decays(objective, knobs.get("ce_decay")):
+            lines.append(f"- cross-entropy: position `k` weighted `exp(-(k-1)/gamma)`, gamma = {knobs.get('gamma')}, "
+                         "normalised by the weight sum")
+        else:
+            lines.append("- cross-entropy: plain mean over the supervised block positions (no position decay)")
+    if objective != "dflash":
+        if "tree_normalization" in knobs:
+            lines.append("- tree loss: " + (
+                "summed over the trees of a batch and divided by their number of drafted nodes (root excluded)"
+                if knobs["tree_normalization"] == "nodes" else
+                "each tree divided by its own weight sum, then averaged over the trees"))
+        if "tree_anchors" in knobs:
+            lines.append("- trees built for " + (
+                "the anchors whose whole horizon (block_size - 1 following tokens) is supervised; the cross-entropy "
+                "covers every anchor" if knobs["tree_anchors"] == "full_horizon" else "every anchor"))
+        if "tree_context_window" in knobs:
+            window = knobs["tree_context_window"]
+            lines.append("- the target scores the tree nodes " + (
+                "with the full context before the anchor" if window is None else
+                f"seeing only the last {window} tokens before the anchor (an attention mask over the full-context "
+                "cache; positions stay absolute)"))
+        if "ce_weight" in knobs and "tree_weight" in knobs:
+            lines.append(f"- total loss = {knobs['ce_weight']} * cross-entropy + {knobs['tree_weight']} * tree loss")
+    elif "ce_weight" in knobs:
+        lines.append(f"- total loss = {knobs['ce_weight']} * cross-entropy; no trees are built")
+    return "\n".join(lines)
+
+
+def _tau_table(measured_tau: Mapping[Any, float] | None, temperature: float | None) -> str:
+    if not measured_tau:
+        return "Not measured for this upload."
+    rows = []
+    for setting, tau in measured_tau.items():
+        budget, t = setting if isinstance(setting, tuple) else (setting, temperature)
+        label = f"budget {budget}" if isinstance(budget, int) else str(budget)
+        rows.append((label, "not given" if t is None else t, f"{float(tau):.3f}"))
+    return _table(("setting", "temperature", "mean tau"), rows)
