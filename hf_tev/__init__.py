@@ -1,16 +1,16 @@
 """hf_tev: lossless tree speculative decoding (DFlash + DDTree trees + Tree Exit Verification) for transformers.
 
 `import hf_tev` routes `model.generate(..., assistant_model=drafter, tev_config=hf_tev.TEVConfig(...))` into
-the tree decoder; `hf_tev.disable()` / `hf_tev.enable()` remove and restore that route.
+the tree decoder (`hf_tev.route`); `hf_tev.disable()` / `hf_tev.enable()` remove and restore that route.
+
+Names load on first use: importing `hf_tev` (or its algorithm core `hf_tev.tree`, `hf_tev.verify`,
+`hf_tev.exit_loss`) does not import transformers; the route is installed when transformers is loaded.
 """
 
-from .configuration_dflash import DFlashConfig
-from .generation import TEVConfig, TEVGenerateOutput, TEVStats, disable, enable
-from .modeling_dflash import DFlashDraftModel
-from .tree import DraftTree, build_tree
-from .verify import VERIFIERS, target_flow
+import importlib
 
-__version__ = "0.1.0"
+from ._version import __version__
+from .route import disable, enable, is_enabled
 
 __all__ = [
     "DFlashConfig",
@@ -22,24 +22,48 @@ __all__ = [
     "TEVConfig",
     "TEVGenerateOutput",
     "TEVStats",
+    "TREE_BUILDERS",
     "VERIFIERS",
+    "__version__",
     "build_tree",
     "disable",
     "enable",
     "generate_training_data",
+    "is_enabled",
     "target_flow",
+    "tree_speculative_decode",
 ]
 
-# The trainer pulls in transformers.Trainer and accelerate (seconds of import time): load it on first use.
-_TRAINING = ("ExitDataCollator", "ExitTrainer", "ExitTrainingArguments", "generate_training_data")
+# Public name -> the module that defines it (imported on first access).
+_LAZY = {
+    "DFlashConfig": "configuration_dflash",
+    "DFlashDraftModel": "modeling_dflash",
+    "DraftTree": "tree",
+    "TREE_BUILDERS": "tree",
+    "build_tree": "tree",
+    "VERIFIERS": "verify",
+    "target_flow": "verify",
+    "TEVConfig": "config",
+    "TEVStats": "config",
+    "TEVGenerateOutput": "generation",
+    "tree_speculative_decode": "generation",
+    "ExitDataCollator": "training",
+    "ExitTrainer": "training",
+    "ExitTrainingArguments": "training",
+    "generate_training_data": "training",
+}
 
 
 def __getattr__(name):
-    if name in _TRAINING:
-        from . import training
-
-        return getattr(training, name)
+    if name in _LAZY:
+        value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+        globals()[name] = value  # later accesses skip this function
+        return value
     raise AttributeError(f"module 'hf_tev' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))
 
 
 enable()

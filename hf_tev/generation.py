@@ -1,130 +1,50 @@
-"""Tree speculative decoding inside `model.generate`.
+"""Tree speculative decoding inside `model.generate`: the cycle's stages and the loop that calls them.
 
-`import hf_tev` wraps `GenerationMixin.generate` (reversibly, `hf_tev.disable()` / `hf_tev.enable()`): a call
-that carries `tev_config=` and `assistant_model=` is turned into transformers' supported `custom_generate`
-route, so generate still prepares the logits processors, stopping criteria, special tokens, length limits
-and cache, and then hands the loop to `tree_speculative_decode` below. Every other call passes through
-untouched.
+`hf_tev.route` turns `generate(..., assistant_model=drafter, tev_config=...)` into transformers' supported
+`custom_generate` route, so generate still prepares the logits processors, stopping criteria, special tokens,
+length limits and cache, and then hands the loop to `tree_speculative_decode` below. The same function is
+also a documented entry of its own: `generate(custom_generate=hf_tev.tree_speculative_decode, drafter=...,
+tev_config=...)`.
 
-One decoding cycle (SPEC section 1):
-  1. draft:   the DFlash drafter reads the newly committed tokens' target features and `[root, MASK...]`
-              and returns per-depth logits q_1..q_D (`DFlashTreeCandidateGenerator`).
-  2. build:   the best-first tree of at most `budget` nodes (`hf_tev.tree.build_tree`).
-  3. forward: ONE target forward over the tree with a float 4D tree mask.
-  4. decide:  the logits processors per node (`process_tree_logits`), then an exact verifier picks the
-              accepted path and the bonus token (`hf_tev.verify`).
-  5. commit:  compact the target KV cache to the accepted path; its hidden states become the drafter's
-              next context.
+One decoding cycle (SPEC section 1), one function or method per stage, shared by every caller (the decode
+loop, the bench's same-tree replay):
+  0. prefill:  `prefill` — the prompt's cache, its context features and the first root.
+  1. draft:    `DFlashTreeCandidateGenerator.draft` — per-depth drafter log-probs q_1..q_d.
+  2. build:    `DFlashTreeCandidateGenerator.build` — a tree source of `hf_tev.tree.TREE_BUILDERS`.
+  3. forward:  `tree_forward` — ONE target forward over the tree with a float 4D tree mask.
+  4. verify:   `verifier_stage` — the logits processors per node, an exact verifier (`hf_tev.verify`) picks
+               the accepted path and the bonus token, and the target KV cache keeps only that path (the
+               paper's verifier stage).
+  5. commit:   `DFlashTreeCandidateGenerator.update_candidate_strategy` — the accepted nodes' hidden states
+               become the drafter's next context.
 """
 
 from __future__ import annotations
 
+import copy
 import functools
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
-from transformers import GenerationMixin
 from transformers.cache_utils import DynamicCache, DynamicLayer
 from transformers.generation import (
     EosTokenCriteria,
     GenerateDecoderOnlyOutput,
     MaxLengthCriteria,
     MinPLogitsWarper,
+    StoppingCriteriaList,
+    StopStringCriteria,
     TemperatureLogitsWarper,
     TopKLogitsWarper,
     TopPLogitsWarper,
 )
 
-from .tree import DraftTree, build_tree, chain_tree, tree_attention_mask, tree_position_ids
-from .verify import VERIFIERS, target_flow, verify_greedy
+from .config import TEVConfig, TEVStats
+from .tree import TREE_BUILDERS, DraftTree, TreeInputs, chain_tree
+from .verify import VERIFIERS, target_flow
 
-TREE_SHAPES = ("best_first", "chain")
 TREE_ATTENTION = ("sdpa", "eager")  # implementations that take an arbitrary float 4D mask
-
-
-@dataclass
-class TEVConfig:
-    """How `generate(..., assistant_model=drafter, tev_config=TEVConfig(...))` decodes.
-
-    Args:
-        budget (`int`, defaults to 64): drafted tree nodes per cycle, the root excluded. 0 is plain decoding.
-        verifier (`str`, defaults to `"tev"`): `"tev"` (Tree Exit Verification), `"predraw"` (DDTree's
-            predraw-and-follow) or `"residual"` (sequential residual). All are exact and share one output law;
-            at temperature 0 (greedy) all three reduce to the same argmax walk.
-        tree (`str`, defaults to `"best_first"`): `"best_first"` (DDTree's builder) or `"chain"` (one argmax
-            child per depth, plain DFlash; at most `min(budget, block_size - 1)` nodes).
-        block_size (`int`, *optional*): drafting block (root + masks), at most the drafter's own block size.
-        seed (`int`, *optional*): seeds a private `torch.Generator` for the verifier's draws. `None` uses torch's
-            global RNG, like `generate` itself, so `torch.manual_seed` before the call reproduces a run.
-    """
-
-    budget: int = 64
-    verifier: str = "tev"
-    tree: str = "best_first"
-    block_size: int | None = None
-    seed: int | None = None
-
-    def __post_init__(self):
-        if isinstance(self.budget, bool) or not isinstance(self.budget, int):
-            raise TypeError(f"TEVConfig.budget must be an int, got {type(self.budget).__name__}")
-        if self.budget < 0:
-            raise ValueError(f"TEVConfig.budget must be >= 0 (0 = plain decoding), got {self.budget}")
-        if self.verifier not in VERIFIERS:
-            raise ValueError(f"TEVConfig.verifier must be one of {sorted(VERIFIERS)}, got {self.verifier!r}")
-        if self.tree not in TREE_SHAPES:
-            raise ValueError(f"TEVConfig.tree must be one of {TREE_SHAPES}, got {self.tree!r}")
-        if self.block_size is not None and (not isinstance(self.block_size, int) or self.block_size < 2):
-            raise ValueError(f"TEVConfig.block_size must be an int >= 2 (root + at least one mask), got {self.block_size!r}")
-        if self.seed is not None and not isinstance(self.seed, int):
-            raise TypeError(f"TEVConfig.seed must be an int or None, got {type(self.seed).__name__}")
-
-
-@dataclass
-class TEVStats:
-    """Per-cycle statistics of one tree-decoding call (one entry per cycle, seconds for times).
-
-    `accepted_lengths[i]` is the cycle's block length as the paper counts it (tau: accepted drafted nodes + 1
-    for the bonus token); `coverages[i]` is the tree's expected block length under the target, 1 + C.
-    Stage times: `draft` (drafter forward), `build` (tree builder), `forward` (target tree pass),
-    `verify` (the verifier stage: logits processing, decision and cache commit).
-    """
-
-    accepted_lengths: list[int] = field(default_factory=list)
-    coverages: list[float] = field(default_factory=list)
-    tree_sizes: list[int] = field(default_factory=list)
-    draft_times: list[float] = field(default_factory=list)
-    build_times: list[float] = field(default_factory=list)
-    forward_times: list[float] = field(default_factory=list)
-    verify_times: list[float] = field(default_factory=list)
-    prefill_time: float = 0.0
-
-    @property
-    def num_cycles(self) -> int:
-        return len(self.accepted_lengths)
-
-    @property
-    def tau(self) -> float:
-        """Mean output-block length including the bonus token."""
-        return sum(self.accepted_lengths) / max(1, self.num_cycles)
-
-    @property
-    def mean_coverage(self) -> float:
-        return sum(self.coverages) / max(1, len(self.coverages))
-
-    def summary(self) -> dict:
-        mean = lambda xs: sum(xs) / max(1, len(xs))  # noqa: E731
-        return {
-            "cycles": self.num_cycles,
-            "tau": self.tau,
-            "coverage": self.mean_coverage,
-            "tree_size": mean(self.tree_sizes),
-            "draft_s": mean(self.draft_times),
-            "build_s": mean(self.build_times),
-            "forward_s": mean(self.forward_times),
-            "verify_s": mean(self.verify_times),
-            "prefill_s": self.prefill_time,
-        }
 
 
 @dataclass
@@ -135,57 +55,108 @@ class TEVGenerateOutput(GenerateDecoderOnlyOutput):
 
 
 # --------------------------------------------------------------------------------------------------------
-# Drafting: the tree counterpart of transformers' `CandidateGenerator`
+# Stages 1, 2 and 5: drafting, the tree counterpart of transformers' `CandidateGenerator`
 # --------------------------------------------------------------------------------------------------------
 class DFlashTreeCandidateGenerator:
     """Proposes a draft tree per cycle from a DFlash drafter (transformers' `CandidateGenerator`, for trees).
 
-    It owns the drafter's cache of context K/V: `get_candidates` appends the newly committed tokens' target
-    features, drafts `[root, MASK * (L-1)]` and builds the tree; the drafter drops its block rows itself.
+    `update_candidate_strategy` hands it the target features of newly committed tokens; they wait until the
+    next `draft`, which appends them to the drafter's cache of context K/V (so a cycle that drafts nothing
+    loses nothing), drafts the full block `[root, MASK * (L-1)]` and returns the log-probs of the depths a
+    tree can use; `build` turns them into a tree with the configured tree source.
     """
 
     def __init__(self, drafter, target, tev_config: TEVConfig):
-        self.drafter = drafter
-        self.target = target
-        self.config = tev_config
+        self.drafter, self.target, self.budget = drafter, target, tev_config.budget
+        self.builder = TREE_BUILDERS[tev_config.tree]
         self.block_size = tev_config.block_size or drafter.config.block_size
         self.cache = drafter.new_cache()
         device = target.get_input_embeddings().weight.device
-        self.masks = torch.full((1, self.block_size - 1), drafter.config.mask_token_id, dtype=torch.long, device=device)
+        self.block_ids = torch.full((1, self.block_size), drafter.config.mask_token_id, dtype=torch.long, device=device)
+        self.block_offsets = torch.arange(self.block_size, device=device)[None]  # [1, L]
+        self.context = self.context_positions = None  # committed tokens not yet in the drafter's cache
 
-    def get_candidates(self, root: torch.Tensor, context: torch.Tensor, context_positions: torch.Tensor,
-                       root_position: int, max_depth: int, timer) -> DraftTree:
-        """Draft and build one tree.
+    def update_candidate_strategy(self, features: torch.Tensor, positions: torch.LongTensor) -> None:
+        """Stage 5: the newly committed tokens' target features `[1, c, k * hidden]` and positions `[1, c]`."""
+        if self.context is None:
+            self.context, self.context_positions = features, positions
+        else:
+            self.context = torch.cat([self.context, features], dim=1)
+            self.context_positions = torch.cat([self.context_positions, positions], dim=1)
+
+    def draft(self, root: torch.LongTensor, root_position: int, max_depth: int) -> torch.Tensor | None:
+        """Stage 1: drafter log-probs `[d, V]` of depths 1..d, or None when no tree can be drafted.
 
         Args:
             root (`torch.LongTensor` of shape `(1,)`): the not-yet-verified token that starts the block.
-            context (`torch.FloatTensor` of shape `(1, c, k * hidden)`): target features of the tokens committed
-                since the last call (the drafter's cache holds the earlier ones).
-            context_positions (`torch.LongTensor` of shape `(1, c)`): their position ids.
-            root_position (`int`): position id of the root.
-            max_depth (`int`): deepest useful depth (fewer tokens may remain before `max_length`).
+            root_position (`int`): its position id.
+            max_depth (`int`): the deepest depth that can still be emitted (fewer tokens may remain).
+
+        The block is always the drafter's full block (it is trained on full blocks and attends inside them
+        bidirectionally); only the LM head is limited to the `d = min(L - 1, max_depth, budget)` usable depths.
         """
-        depth = min(self.block_size - 1, max_depth)
-        if self.config.budget == 0 or depth <= 0:
-            return build_tree(root.new_zeros((1, 1), dtype=torch.float32), 0, root)  # the root alone
-        block_ids = torch.cat([root.view(1, 1), self.masks[:, :depth]], dim=1)  # [1, depth + 1]
-        block_positions = torch.arange(root_position, root_position + depth + 1, device=root.device)[None]
+        depths = min(self.block_size - 1, max_depth, self.budget)
+        if depths <= 0:
+            return None
+        self.block_ids[:, :1] = root.view(1, 1)
+        positions = torch.cat([self.context_positions, root_position + self.block_offsets], dim=1)
         logits = self.drafter.draft_logits(
-            self.target, context, block_ids, torch.cat([context_positions, block_positions], dim=1), cache=self.cache,
-            num_depths=min(depth, self.config.budget),  # a tree of B nodes is at most B deep: skip the LM head below
-        )  # [1, min(depth, budget), V]
-        draft_logprobs = torch.log_softmax(logits[0].float(), dim=-1)  # [min(depth, budget), V]
-        timer("draft")
-        if self.config.tree == "chain":
-            tree = chain_tree(draft_logprobs, root, length=min(self.config.budget, depth))
-        else:
-            tree = build_tree(draft_logprobs, self.config.budget, root)
-        timer("build")
-        return tree
+            self.target, self.context, self.block_ids, positions, cache=self.cache, num_depths=depths
+        )  # [1, d, V]
+        self.context = self.context_positions = None  # in the drafter's cache now
+        return torch.log_softmax(logits[0].float(), dim=-1)
+
+    def build(self, draft_logprobs: torch.Tensor | None, root: torch.LongTensor) -> DraftTree:
+        """Stage 2: the tree of at most `budget` nodes; the root alone when nothing was drafted."""
+        if draft_logprobs is None:  # the cycle is a plain decoding step
+            return chain_tree(root.new_zeros((0, 1), dtype=torch.float32), 0, root)
+        return self.builder(draft_logprobs, self.budget, root)
+
+    def get_candidates(self, root: torch.LongTensor, root_position: int, max_depth: int) -> DraftTree:
+        """Draft and build one tree (stages 1 and 2 together, for callers that do not time them apart)."""
+        return self.build(self.draft(root, root_position, max_depth), root)
 
 
 # --------------------------------------------------------------------------------------------------------
-# Logits processing per tree node
+# Stages 0 and 3: target forwards
+# --------------------------------------------------------------------------------------------------------
+def prefill(model, drafter, input_ids, cache, attention_mask=None, position_ids=None):
+    """Stage 0: the prompt's forward into `cache`.
+
+    Returns:
+        `(logits, features, positions, pad_columns)`: raw next-token logits `[1, V]` float32, the drafter's
+        context features `[1, n, k * hidden]` and their position ids `[1, n]` (pad rows of a left-padded
+        prompt dropped: the drafter never sees them), and the pad columns the tree mask must keep hidden
+        (`None` without padding).
+    """
+    out = model(
+        input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, cache=cache,
+        output_hidden_states=drafter.target_hidden_indices, logits_to_keep=1, use_cache=True,
+    )
+    features = drafter.context_features(out.hidden_states)  # [1, n, k * H]
+    if position_ids is None:
+        position_ids = torch.arange(input_ids.shape[1], device=input_ids.device)[None]
+    pad_columns = None
+    if attention_mask is not None and not bool(attention_mask.all()):
+        real = attention_mask[0].bool()
+        pad_columns = (~real).nonzero(as_tuple=True)[0]
+        features, position_ids = features[:, real], position_ids[:, real]
+    return out.logits[:, -1].float(), features, position_ids, pad_columns
+
+
+def tree_forward(model, tree: DraftTree, cache, mask: torch.Tensor, position_ids: torch.LongTensor, hidden_indices):
+    """Stage 3: ONE target forward over the tree's tokens with the tree mask, appended to `cache`.
+
+    Returns the model output: `logits` `[1, N, V]` of every node and the `hidden_states` the drafter reads.
+    """
+    return model(
+        input_ids=tree.tokens[None], position_ids=position_ids, attention_mask=mask, cache=cache,
+        output_hidden_states=hidden_indices, logits_to_keep=0, use_cache=True,
+    )
+
+
+# --------------------------------------------------------------------------------------------------------
+# Stage 4: the verifier stage (logits processing per node, decision, cache commit)
 # --------------------------------------------------------------------------------------------------------
 # Processors whose output for a row depends only on that row's scores (not on input_ids or its length):
 # all tree nodes can go through them in one call.
@@ -222,9 +193,6 @@ def process_tree_logits(logits_processor, committed_ids: torch.Tensor, tree: Dra
     return scores
 
 
-# --------------------------------------------------------------------------------------------------------
-# KV cache surgery
-# --------------------------------------------------------------------------------------------------------
 def commit_accepted_path(cache: DynamicCache, past: int, path: torch.Tensor, path_is_prefix: bool) -> None:
     """Keep only the accepted path's rows of the tree window appended after `past` cached positions.
 
@@ -243,21 +211,18 @@ def commit_accepted_path(cache: DynamicCache, past: int, path: torch.Tensor, pat
 
 
 def verifier_stage(tree, logits, committed_ids, logits_processor, verify, generator, cache, past):
-    """The verifier stage the paper times: per-node logits processing, the decision, and the cache commit.
+    """Stage 4, the verifier stage the paper times: per-node logits processing, the decision, the cache commit.
 
     Args:
         logits (`torch.FloatTensor` of shape `(N, V)`): raw target logits of the tree pass, float32.
         committed_ids (`torch.LongTensor` of shape `(1, past)`): the tokens in the cache.
-        verify: one of `hf_tev.verify.VERIFIERS`, or `None` for greedy decoding (the T=0 limit of them all).
+        verify: a verifier of `hf_tev.verify.VERIFIERS` (`"greedy"` for greedy decoding).
     Returns:
-        `(path, bonus, processed)`: accepted node indices root first `[k + 1]`, the bonus token (0-dim) and the
-        processed scores `[N, V]` (each verifier normalises only the rows it needs).
+        `(path, bonus, processed)`: accepted node indices root first `[k + 1]` (on the logits' device), the bonus
+        token (0-dim) and the processed scores `[N, V]` (each verifier normalises only the rows it needs).
     """
     processed = process_tree_logits(logits_processor, committed_ids, tree, logits)
-    if verify is None:
-        path, bonus = verify_greedy(tree, processed)
-    else:
-        path, bonus = verify(tree, processed, generator=generator)
+    path, bonus = verify(tree, processed, generator=generator)
     path_list = path.tolist()  # verifiers return the path on the host (their one host sync)
     path = path.to(logits.device, non_blocking=True)
     commit_accepted_path(cache, past, path, path_list == list(range(len(path_list))))
@@ -265,7 +230,7 @@ def verifier_stage(tree, logits, committed_ids, logits_processor, verify, genera
 
 
 # --------------------------------------------------------------------------------------------------------
-# Stopping
+# Loop helpers: stopping, timing, outputs
 # --------------------------------------------------------------------------------------------------------
 def first_stop(stopping_criteria, sequence: torch.Tensor, start: int, scores) -> int | None:
     """Index (into `sequence`) of the first token at or after `start` after which generation stops, or None.
@@ -291,9 +256,60 @@ def first_stop(stopping_criteria, sequence: torch.Tensor, start: int, scores) ->
     return None
 
 
-# --------------------------------------------------------------------------------------------------------
-# The decode loop (called by generate through `custom_generate`)
-# --------------------------------------------------------------------------------------------------------
+class StageClock:
+    """Seconds between consecutive `lap()` calls; on CUDA it synchronises first, so a lap is its stage's work."""
+
+    def __init__(self, device: torch.device):
+        self.device, self.sync = device, device.type == "cuda"
+        self.last = time.perf_counter()
+
+    def lap(self) -> float:
+        if self.sync:
+            torch.cuda.synchronize(self.device)
+        now = time.perf_counter()
+        elapsed, self.last = now - self.last, now
+        return elapsed
+
+
+class _Outputs:
+    """What `generate` returns besides the tokens: scores / raw logits per emitted token, the streamer."""
+
+    def __init__(self, generation_config, streamer):
+        self.return_dict = generation_config.return_dict_in_generate
+        self.scores = [] if self.return_dict and generation_config.output_scores else None
+        self.logits = [] if self.return_dict and generation_config.output_logits else None
+        self.streamer = streamer
+
+    def add(self, processed: torch.Tensor, raw: torch.Tensor) -> None:
+        """Rows `[k, V]` of the k tokens just emitted (before any cut at a stop)."""
+        if self.scores is not None:
+            self.scores.extend(processed.unsqueeze(1).unbind(0))
+        if self.logits is not None:
+            self.logits.extend(raw.unsqueeze(1).unbind(0))
+
+    @property
+    def last_scores(self):
+        return self.scores[-1] if self.scores else None
+
+    def stream(self, tokens: torch.Tensor) -> None:
+        if self.streamer is not None:
+            self.streamer.put(tokens.cpu())
+
+    def result(self, sequence, prompt_length: int, cache, stats: TEVStats):
+        if self.streamer is not None:
+            self.streamer.end()
+        if not self.return_dict:
+            return sequence
+        length = sequence.shape[1] - prompt_length
+        return TEVGenerateOutput(
+            sequences=sequence,
+            scores=tuple(self.scores[:length]) if self.scores is not None else None,
+            logits=tuple(self.logits[:length]) if self.logits is not None else None,
+            cache=cache,
+            tev_stats=stats,
+        )
+
+
 def _check_supported(model, drafter, input_ids, generation_config, tev_config, cache):
     if drafter is None:
         raise ValueError("`tev_config` needs `assistant_model=` a DFlash drafter (hf_tev.DFlashDraftModel).")
@@ -330,6 +346,16 @@ def _check_supported(model, drafter, input_ids, generation_config, tev_config, c
             raise ValueError("hf_tev tree decoding starts from an empty cache; do not pass a pre-filled cache.")
 
 
+def _draw(scores: torch.Tensor, do_sample: bool, generator) -> torch.LongTensor:
+    """The target's own next token from processed scores `[1, V]` -> `[1]` (the prefill's root)."""
+    if do_sample:
+        return torch.multinomial(torch.softmax(scores, dim=-1), 1, generator=generator)[0]
+    return scores.argmax(dim=-1)
+
+
+# --------------------------------------------------------------------------------------------------------
+# The decode loop (a transformers `custom_generate` callable)
+# --------------------------------------------------------------------------------------------------------
 def tree_speculative_decode(
     model,
     input_ids: torch.LongTensor,
@@ -337,199 +363,133 @@ def tree_speculative_decode(
     stopping_criteria,
     generation_config,
     *,
-    drafter,
-    tev_config: TEVConfig,
+    drafter=None,
+    tev_config: TEVConfig | dict | None = None,
     streamer=None,
+    tokenizer=None,
     **model_kwargs,
 ):
-    """The tree decoding loop. Signature of a transformers `custom_generate` callable.
+    """The tree decoding loop, with the signature of a transformers `custom_generate` callable.
 
     Args:
         input_ids (`torch.LongTensor` of shape `(1, prompt_length)`): the prompt.
+        drafter (`DFlashDraftModel`): the drafter (`assistant_model=` on the `generate` route).
+        tev_config (`TEVConfig` or `dict`, *optional*): defaults to `TEVConfig()`.
+        streamer, tokenizer: as for `generate` (generate itself uses the tokenizer for `stop_strings`).
     Returns:
         `torch.LongTensor` of shape `(1, total_length)`, or a `TEVGenerateOutput` with
         `return_dict_in_generate=True`.
     """
+    tev_config = TEVConfig() if tev_config is None else TEVConfig.coerce(tev_config)
     cache = model_kwargs.get("cache")
     _check_supported(model, drafter, input_ids, generation_config, tev_config, cache)
-    if cache is None:
-        cache = DynamicCache(config=model.config)
-    do_sample = generation_config.do_sample
-    return_dict = generation_config.return_dict_in_generate
-    keep_scores = return_dict and generation_config.output_scores
-    keep_logits = return_dict and generation_config.output_logits
-    scores, raw_logits = [], []
-    generator = None
-    if tev_config.seed is not None:
-        generator = torch.Generator(device=input_ids.device).manual_seed(tev_config.seed)
-    verify = VERIFIERS[tev_config.verifier]
-    stats = TEVStats()
-    coverages = []  # 1 + C per cycle
+    cache = DynamicCache(config=model.config) if cache is None else cache
+    device, do_sample = input_ids.device, generation_config.do_sample
+    verify = VERIFIERS[tev_config.verifier if do_sample else "greedy"]
+    generator = None if tev_config.seed is None else torch.Generator(device=device).manual_seed(tev_config.seed)
     candidates = DFlashTreeCandidateGenerator(drafter, model, tev_config)
-    hidden_indices = drafter.target_hidden_indices
-    dtype = model.dtype
-    max_length = generation_config.max_length
+    outputs, stats, coverages = _Outputs(generation_config, streamer), TEVStats(), []
+    clock = StageClock(device)
 
-    # Padding (batch of one with a 2D mask holding zeros): pad columns stay hidden, positions skip them.
-    attention_mask = model_kwargs.get("attention_mask")
-    position_ids = model_kwargs.get("position_ids")
-    pad_columns = None
-    if attention_mask is not None and not bool(attention_mask.all()):
-        pad_columns = (attention_mask[0] == 0).nonzero(as_tuple=True)[0]
-
-    stage_start = time.perf_counter()
-    last = stage_start
-
-    def timer(stage: str | None = None):
-        nonlocal last
-        if input_ids.device.type == "cuda":
-            torch.cuda.synchronize(input_ids.device)
-        now = time.perf_counter()
-        if stage is not None:
-            getattr(stats, f"{stage}_times").append(now - last)
-        last = now
-
-    # 1. Prefill: the prompt's cache, its context features, and the first token (the first root).
-    out = model(
-        input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, cache=cache,
-        output_hidden_states=hidden_indices, logits_to_keep=1, use_cache=True,
+    # 0. Prefill: the prompt's cache and context features, and the first token (the first root).
+    raw, features, positions, pad_columns = prefill(
+        model, drafter, input_ids, cache, model_kwargs.get("attention_mask"), model_kwargs.get("position_ids")
     )
-    features = drafter.context_features(out.hidden_states)  # [1, n, k * H]
-    if position_ids is None:
-        position_ids = torch.arange(input_ids.shape[1], device=input_ids.device)[None]
-    context_positions = position_ids
-    if pad_columns is not None:  # the drafter never sees pad rows
-        real = attention_mask[0].bool()
-        features, context_positions = features[:, real], position_ids[:, real]
-    next_position = int(context_positions[0, -1]) + 1
-    raw = out.logits[:, -1].float()
+    candidates.update_candidate_strategy(features, positions)
+    next_position = int(positions[0, -1]) + 1
     processed = logits_processor(input_ids, raw)
-    if do_sample:
-        root = torch.multinomial(torch.softmax(processed, dim=-1), 1, generator=generator)[0]
-    else:
-        root = processed.argmax(dim=-1)
-    if keep_scores:
-        scores.append(processed)
-    if keep_logits:
-        raw_logits.append(raw)
-    del out
+    root = _draw(processed, do_sample, generator)  # [1]
     sequence = torch.cat([input_ids, root[None]], dim=1)  # committed tokens + the root
-    if streamer is not None:
-        streamer.put(root.cpu())
-    timer()
-    stats.prefill_time = last - stage_start
-    stop = first_stop(stopping_criteria, sequence, sequence.shape[1] - 1, scores[-1] if scores else None)
+    outputs.add(processed, raw)
+    outputs.stream(root)
+    tree_inputs = TreeInputs(generation_config.max_length, model.dtype, device, pad_columns)
+    stats.prefill_time = clock.lap()
+    stop = first_stop(stopping_criteria, sequence, sequence.shape[1] - 1, outputs.last_scores)
 
-    # 2. Cycles.
     while stop is None:
         past = cache.get_seq_length()
-        # Tokens still allowed after the root: the bonus is one of them, so deeper drafts would be cut anyway.
-        useful_depth = max_length - sequence.shape[1] - 1
-        tree = candidates.get_candidates(root, features, context_positions, next_position, useful_depth, timer)
-        if tree.num_nodes == 1:  # nothing drafted: the cycle is a plain decoding step
-            timer("draft")
-            timer("build")
-
-        mask = tree_attention_mask(tree, past, dtype, device=input_ids.device)
-        if pad_columns is not None:
-            mask[..., pad_columns] = torch.finfo(dtype).min
-        out = model(
-            input_ids=tree.tokens[None], position_ids=tree_position_ids(tree, next_position), attention_mask=mask,
-            cache=cache, output_hidden_states=hidden_indices, logits_to_keep=0, use_cache=True,
-        )
-        timer("forward")
-
-        # 3. Verifier stage: processors, decision, commit.
+        # 1.-2. Draft and build. Tokens still allowed after the root bound the depth (the bonus is one of them).
+        draft_logprobs = candidates.draft(root, next_position, generation_config.max_length - sequence.shape[1] - 1)
+        draft_s = clock.lap()
+        tree = candidates.build(draft_logprobs, root)
+        build_s = clock.lap()
+        # 3. Tree forward.
+        out = tree_forward(model, tree, cache, *tree_inputs(tree, past, next_position), drafter.target_hidden_indices)
         logits = out.logits[0].float()  # [N, V]
+        forward_s = clock.lap()
+        # 4. Verifier stage: processors, decision, cache commit.
         path, bonus, processed = verifier_stage(
-            tree, logits, sequence[:, :-1], logits_processor, verify if do_sample else None, generator, cache, past
+            tree, logits, sequence[:, :-1], logits_processor, verify, generator, cache, past
         )
-        timer("verify")  # the paper's verifier stage ends with the commit
+        verify_s = clock.lap()
+        # 5. Commit: the accepted nodes' features go to the drafter; tokens, outputs and stats are recorded.
         accepted = path.numel()  # root + accepted drafted nodes
-        features = drafter.context_features(out.hidden_states)[:, path]  # [1, accepted, k * H]
-
-        context_positions = torch.arange(next_position, next_position + accepted, device=input_ids.device)[None]
+        candidates.update_candidate_strategy(
+            drafter.context_features(out.hidden_states)[:, path],
+            torch.arange(next_position, next_position + accepted, device=device)[None],
+        )
         next_position += accepted
-        new_tokens = torch.cat([tree.tokens[path[1:]], bonus.view(1)])[None]  # [1, accepted]
         start = sequence.shape[1]
-        sequence = torch.cat([sequence, new_tokens], dim=1)
-        if keep_scores:
-            scores.extend(processed[path].unsqueeze(1).unbind(0))
-        if keep_logits:
-            raw_logits.extend(logits[path].unsqueeze(1).unbind(0))
-        stop = first_stop(stopping_criteria, sequence, start, scores[-1] if scores else None)
+        sequence = torch.cat([sequence, tree.tokens[path[1:]][None], bonus.view(1, 1)], dim=1)
+        outputs.add(processed[path], logits[path])
+        stop = first_stop(stopping_criteria, sequence, start, outputs.last_scores)
         if stop is not None:
             sequence = sequence[:, : stop + 1]
-        if streamer is not None:
-            streamer.put(sequence[0, start:].cpu())
+        outputs.stream(sequence[0, start:])
         root = bonus.view(1)
-
-        stats.accepted_lengths.append(accepted)
-        stats.tree_sizes.append(tree.num_nodes - 1)
-        if return_dict and do_sample:  # only returned statistics; kept on the device, read once at the end
-            coverages.append(target_flow(tree, processed)[0].sum())
-        elif return_dict:
-            coverages.append(float(accepted))  # at T=0 the target's flow is the argmax path
+        stats.record(accepted, tree.num_nodes - 1, draft_s, build_s, forward_s, verify_s)
+        if outputs.return_dict:  # coverage 1 + C, only for returned statistics; read once at the end
+            coverages.append(target_flow(tree, processed)[0].sum() if do_sample else float(accepted))
         del out
-        timer()
+        clock.lap()  # the bookkeeping above belongs to no stage
 
     stats.coverages = [float(c) for c in coverages]
-    if streamer is not None:
-        streamer.end()
-    if not return_dict:
-        return sequence
-    length = sequence.shape[1] - input_ids.shape[1]
-    return TEVGenerateOutput(
-        sequences=sequence,
-        scores=tuple(scores[:length]) if keep_scores else None,
-        logits=tuple(raw_logits[:length]) if keep_logits else None,
-        cache=cache,
-        tev_stats=stats,
+    return outputs.result(sequence, input_ids.shape[1], cache, stats)
+
+
+tree_speculative_decode._hf_tev_decode = True  # the route recognises this entry in `custom_generate=`
+
+
+def routed_generate(original, model, *args, **kwargs):
+    """A `generate` call that carries `tev_config=` (with `assistant_model=` the drafter) or
+    `custom_generate=tree_speculative_decode` (with `drafter=`), made transformers' `custom_generate` call of
+    the tree decoder with the drafter, the config and the streamer bound (transformers drops the streamer on
+    the callable route; the tokenizer reaches the decoder and `stop_strings` through its signature)."""
+    tev_config = kwargs.pop("tev_config", None)
+    custom = kwargs.pop("custom_generate", None)
+    if custom is not None and not getattr(custom, "_hf_tev_decode", False):
+        raise ValueError("`tev_config` and `custom_generate` cannot be combined.")
+    drafter, assistant = kwargs.pop("drafter", None), kwargs.pop("assistant_model", None)
+    if drafter is not None and assistant is not None:
+        raise ValueError("Pass the DFlash drafter once: `assistant_model=` or `drafter=`, not both.")
+    drafter = assistant if drafter is None else drafter
+    if drafter is None:
+        raise ValueError("`tev_config` needs `assistant_model=` a DFlash drafter (hf_tev.DFlashDraftModel).")
+    tev_config = TEVConfig() if tev_config is None else TEVConfig.coerce(tev_config)
+    _stop_strings_as_criteria(model, kwargs)
+    decode = functools.partial(
+        tree_speculative_decode, drafter=drafter, tev_config=tev_config, streamer=kwargs.get("streamer")
     )
+    return original(model, *args, custom_generate=decode, **kwargs)
 
 
-# --------------------------------------------------------------------------------------------------------
-# Routing `generate(..., tev_config=...)`
-# --------------------------------------------------------------------------------------------------------
-_original_generate = None
+def _stop_strings_as_criteria(model, kwargs: dict) -> None:
+    """`stop_strings` as a `StopStringCriteria` in `kwargs["stopping_criteria"]`.
 
-
-def _route_generate(original):
-    @functools.wraps(original)
-    def generate(self, *args, tev_config: TEVConfig | None = None, **kwargs):
-        if tev_config is None:
-            return original(self, *args, **kwargs)
-        if not isinstance(tev_config, TEVConfig):
-            raise TypeError(f"`tev_config` must be an hf_tev.TEVConfig, got {type(tev_config).__name__}")
-        if kwargs.get("custom_generate") is not None:
-            raise ValueError("`tev_config` and `custom_generate` cannot be combined.")
-        drafter = kwargs.pop("assistant_model", None)
-        if drafter is None:
-            raise ValueError("`tev_config` needs `assistant_model=` a DFlash drafter (hf_tev.DFlashDraftModel).")
-        decode = functools.partial(
-            tree_speculative_decode, drafter=drafter, tev_config=tev_config, streamer=kwargs.get("streamer")
-        )
-        return original(self, *args, custom_generate=decode, **kwargs)
-
-    generate.__hf_tev_route__ = True
-    return generate
-
-
-def enable() -> None:
-    """Route `generate` calls that carry `tev_config=` into the tree decoder (done on `import hf_tev`)."""
-    global _original_generate
-    if _original_generate is None:
-        _original_generate = GenerationMixin.generate
-        GenerationMixin.generate = _route_generate(_original_generate)
-
-
-def disable() -> None:
-    """Restore transformers' own `GenerationMixin.generate`."""
-    global _original_generate
-    if _original_generate is not None:
-        GenerationMixin.generate = _original_generate
-        _original_generate = None
-
-
-def is_enabled() -> bool:
-    return _original_generate is not None
+    On the `custom_generate` callable route transformers drops the tokenizer before it builds the stopping
+    criteria ("could not locate a tokenizer"), so the route builds this one criterion itself, exactly as
+    generate would, and takes the strings out of the generation config it hands on."""
+    config = kwargs.get("generation_config") or model.generation_config
+    stop_strings = kwargs.pop("stop_strings", None) or config.stop_strings
+    if not stop_strings:
+        return
+    tokenizer = kwargs.get("tokenizer")
+    if tokenizer is None:
+        raise ValueError("`stop_strings` need the tokenizer: pass `tokenizer=` to generate.")
+    if config.stop_strings:
+        config = copy.deepcopy(config)
+        config.stop_strings = None
+        kwargs["generation_config"] = config
+    criteria = StoppingCriteriaList(kwargs.get("stopping_criteria") or [])
+    criteria.append(StopStringCriteria(tokenizer=tokenizer, stop_strings=stop_strings))
+    kwargs["stopping_criteria"] = criteria

@@ -179,7 +179,7 @@ def build_tree(draft_logprobs: torch.Tensor, budget: int, root_token) -> DraftTr
     num_depths, vocab = draft_logprobs.shape
     k = min(budget, vocab)
     if k == 0 or num_depths == 0:
-        return chain_tree(draft_logprobs, root, length=0)
+        return chain_tree(draft_logprobs, 0, root)
 
     # 1. Ranked top-k per depth, then the only host transfer: values, token ids, row maxima.
     values, ids, row_max = _ranked_topk(draft_logprobs, k)
@@ -239,22 +239,22 @@ def _tree_from_lists(root: torch.LongTensor, tokens: list, depths: list, parents
                      _lists=lists, _parent_rows=structure[3, 1:])
 
 
-def chain_tree(draft_logprobs: torch.Tensor, root_token, length: int | None = None) -> DraftTree:
-    """The chain special case: one rank-0 (argmax, lowest id on ties) child per depth.
+def chain_tree(draft_logprobs: torch.Tensor, budget: int, root_token) -> DraftTree:
+    """The chain special case (plain DFlash): one rank-0 (argmax, lowest id on ties) child per depth.
+
+    Same signature as `build_tree`: at most `budget` nodes, and never deeper than the drafted depths.
 
     Args:
         draft_logprobs (`torch.Tensor` of shape `[D, V]`): drafter scores per depth (log-probs or logits).
+        budget (`int`): drafted nodes, root excluded; the chain has `min(budget, D)` of them.
         root_token (`int` or one-element integer `torch.Tensor`): token of the root.
-        length (`int`, *optional*): drafted nodes, 0..D; defaults to D.
     """
     _check_draft_logprobs(draft_logprobs)
-    num_depths = draft_logprobs.shape[0]
-    if length is None:
-        length = num_depths
-    if isinstance(length, bool) or not isinstance(length, int):
-        raise TypeError(f"length must be an int or None, got {type(length).__name__}")
-    if not 0 <= length <= num_depths:
-        raise ValueError(f"length must be in [0, {num_depths}] (the number of draft depths), got {length}")
+    if isinstance(budget, bool) or not isinstance(budget, int):
+        raise TypeError(f"budget must be an int, got {type(budget).__name__}")
+    if budget < 0:
+        raise ValueError(f"budget must be >= 0, got {budget}")
+    length = min(budget, draft_logprobs.shape[0])
     device = draft_logprobs.device
     root = _root_tensor(root_token, device)
     depths = torch.arange(length + 1, device=device)  # [N]
@@ -267,6 +267,10 @@ def chain_tree(draft_logprobs: torch.Tensor, root_token, length: int | None = No
         _internal_nodes=depths[:-1],
         _parent_rows=depths[:-1],  # node i's parent i - 1 is internal node number i - 1
     )
+
+
+# Tree sources, one signature: (draft_logprobs [D, V], budget, root_token) -> DraftTree. `TEVConfig.tree` names one.
+TREE_BUILDERS = {"best_first": build_tree, "chain": chain_tree}
 
 
 def tree_attention_mask(tree: DraftTree, past_length: int, dtype: torch.dtype, device=None) -> torch.Tensor:
@@ -293,3 +297,58 @@ def tree_position_ids(tree: DraftTree, past_length: int) -> torch.LongTensor:
     if past_length < 0:
         raise ValueError(f"past_length must be >= 0, got {past_length}")
     return (past_length + tree.depths)[None]
+
+
+class TreeInputs:
+    """The tree pass's attention mask and position ids, in buffers reused across the cycles of one call.
+
+    A fresh `[N, past + N]` mask per cycle costs an allocation and a fill that grow with the context; here
+    (as in the DDTree reference) one `[rows, max_past + rows]` buffer is allocated at the first tree and
+    sliced. Columns of committed tokens hold 0 (visible) except `hidden_columns` (left padding), which stay
+    hidden for good; each call writes the tree block at columns `past .. past + N` after clearing the
+    previous call's block (those columns now hold committed tokens, or are overwritten). The buffers are
+    re-allocated only when a tree has more nodes than any before it.
+
+    Args:
+        max_past (`int`): the longest cache the call can reach before a tree pass (e.g. `max_length - 1`).
+        dtype (`torch.dtype`): floating dtype of the additive mask (the target's).
+        device: where the buffers live.
+        hidden_columns (`torch.LongTensor`, *optional*): committed columns no tree node may see.
+    """
+
+    def __init__(self, max_past: int, dtype: torch.dtype, device, hidden_columns=None):
+        if not dtype.is_floating_point:
+            raise TypeError(f"the attention mask dtype must be floating, got {dtype}")
+        self.max_past, self.dtype, self.device, self.hidden_columns = max_past, dtype, device, hidden_columns
+        self.hidden = torch.finfo(dtype).min
+        self.mask = torch.zeros(0, 0, dtype=dtype, device=device)  # [rows, max_past + rows]
+        self.positions = torch.zeros(1, 0, dtype=torch.long, device=device)  # [1, rows]
+        self._block = None  # (past, N) of the block written last
+
+    def _allocate(self, rows: int, columns: int) -> None:
+        self.mask = torch.zeros(rows, columns, dtype=self.dtype, device=self.device)
+        if self.hidden_columns is not None:
+            self.mask[:, self.hidden_columns] = self.hidden
+        self.positions = torch.zeros(1, rows, dtype=torch.long, device=self.device)
+        self._block = None
+
+    def __call__(self, tree: DraftTree, past_length: int, first_position: int) -> tuple[torch.Tensor, torch.LongTensor]:
+        """`(mask [1, 1, N, past_length + N], position_ids [1, N])` for `tree` after `past_length` cached
+        tokens, the root at position `first_position` (= past_length unless padding shifts positions).
+        Views of the buffers: valid until the next call."""
+        if past_length < 0:
+            raise ValueError(f"past_length must be >= 0, got {past_length}")
+        num_nodes = tree.num_nodes
+        rows, columns = self.mask.shape
+        if num_nodes > rows or past_length + num_nodes > columns:
+            rows = max(num_nodes, rows)
+            self._allocate(rows, max(self.max_past, past_length) + rows)
+        if self._block is not None:
+            start, size = self._block
+            self.mask[:size, start : start + size] = 0.0
+        block = self.mask[:num_nodes, past_length : past_length + num_nodes]  # [N, N]
+        block.fill_(self.hidden).masked_fill_(tree.visibility.to(self.device), 0.0)
+        self._block = (past_length, num_nodes)
+        positions = self.positions[:, :num_nodes]
+        torch.add(tree.depths.to(self.device), first_position, out=positions[0])
+        return self.mask[None, None, :num_nodes, : past_length + num_nodes], positions

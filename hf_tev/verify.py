@@ -269,8 +269,9 @@ def verify_residual(tree: DraftTree, scores: torch.Tensor, generator: torch.Gene
     return _path(lists, node), bonus
 
 
-def verify_greedy(tree: DraftTree, logits: torch.Tensor):
-    """Temperature 0, the limit of every verifier: follow the argmax (lowest id on ties).
+def verify_greedy(tree: DraftTree, logits: torch.Tensor, generator: torch.Generator | None = None):
+    """Temperature 0, the limit of every verifier: follow the argmax (lowest id on ties). Draws nothing
+    (`generator` is accepted for the common signature and unused).
 
     Args:
         logits (`torch.Tensor` of shape `[N, V]`): target scores per node (any monotone transform of p_u).
@@ -284,4 +285,8 @@ def verify_greedy(tree: DraftTree, logits: torch.Tensor):
     return _path(tree.lists, exit_node), choice[exit_node]
 
 
-VERIFIERS = {"tev": verify_tev, "predraw": verify_predraw, "residual": verify_residual}
+# Every verifier: (tree, scores [N, V], generator=None) -> (path on the host, bonus). The sampling ones are exact
+# at any temperature and selectable in `TEVConfig.verifier`; "greedy" is what all of them become at temperature 0
+# and is what the decoder uses for greedy decoding.
+SAMPLING_VERIFIERS = {"tev": verify_tev, "predraw": verify_predraw, "residual": verify_residual}
+VERIFIERS = {**SAMPLING_VERIFIERS, "greedy": verify_greedy}

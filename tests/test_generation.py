@@ -279,7 +279,7 @@ def test_disable_and_enable_routing():
     drafter = make_drafter(target)
     try:
         hf_tev.disable()
-        assert not hf_tev.generation.is_enabled()
+        assert not hf_tev.is_enabled()
         plain = greedy(target, prompt, max_new_tokens=5)  # untouched path still works
         with pytest.raises(ValueError, match="tev_config"):
             greedy(target, prompt, max_new_tokens=5, assistant_model=drafter, tev_config=TEVConfig())
@@ -303,7 +303,21 @@ def test_bad_inputs():
     with pytest.raises(ValueError, match="assistant_model"):
         greedy(target, prompt, max_new_tokens=4, tev_config=TEVConfig())
     with pytest.raises(TypeError, match="TEVConfig"):
-        greedy(target, prompt, max_new_tokens=4, assistant_model=drafter, tev_config={"budget": 4})
+        greedy(target, prompt, max_new_tokens=4, assistant_model=drafter, tev_config="tev")
+    with pytest.raises(ValueError, match="unknown fields"):
+        greedy(target, prompt, max_new_tokens=4, assistant_model=drafter, tev_config={"budgett": 4})
+    # a plain dict of TEVConfig fields is a TEVConfig
+    as_dict = greedy(target, prompt, max_new_tokens=6, assistant_model=drafter, tev_config={"budget": 4})
+    assert as_dict.tolist() == greedy(target, prompt, max_new_tokens=6).tolist()
+    # fields changed after construction are checked when the config is used
+    changed = TEVConfig()
+    changed.tree = "nope"
+    with pytest.raises(ValueError, match="tree"):
+        greedy(target, prompt, max_new_tokens=4, assistant_model=drafter, tev_config=changed)
+    changed = TEVConfig()
+    changed.verifier = "greedy"  # greedy is what every verifier becomes at T = 0, not a sampling verifier
+    with pytest.raises(ValueError, match="verifier"):
+        greedy(target, prompt, max_new_tokens=4, assistant_model=drafter, tev_config=changed)
     with pytest.raises(ValueError, match="block_size"):
         greedy(target, prompt, max_new_tokens=4, assistant_model=drafter, tev_config=TEVConfig(block_size=32))
     other = make_target("qwen3", hidden_size=32)

@@ -6,7 +6,15 @@ import math
 import pytest
 import torch
 
-from hf_tev.tree import DraftTree, build_tree, chain_tree, tree_attention_mask, tree_position_ids
+from hf_tev.tree import (
+    TREE_BUILDERS,
+    DraftTree,
+    TreeInputs,
+    build_tree,
+    chain_tree,
+    tree_attention_mask,
+    tree_position_ids,
+)
 
 
 def brute_force_tree(draft_logprobs: torch.Tensor, budget: int):
@@ -145,21 +153,21 @@ def test_budget_zero_and_no_depth_give_root_only():
 
 def test_chain_tree():
     logprobs = torch.tensor([[-1.0, -0.5, -0.5], [-0.1, -2.0, -3.0], [-3.0, -3.0, -0.2]])
-    tree = chain_tree(logprobs, torch.tensor(9))
+    tree = chain_tree(logprobs, 99, torch.tensor(9))
     assert tree.tokens.tolist() == [9, 1, 0, 2]  # argmax, lowest id on ties
     assert tree.parents.tolist() == [-1, 0, 1, 2] and tree.depths.tolist() == [0, 1, 2, 3]
     assert torch.equal(tree.visibility, torch.ones(4, 4, dtype=torch.bool).tril())
     assert tree.max_depth == 3 and tree.internal_nodes.tolist() == [0, 1, 2]
     assert torch.equal(tree.parent_rows, torch.searchsorted(tree.internal_nodes, tree.parents[1:]))
-    short = chain_tree(logprobs, 9, length=1)
+    short = chain_tree(logprobs, 1, 9)
     assert short.tokens.tolist() == [9, 1] and short.max_depth == 1
-    assert chain_tree(logprobs, 9, length=0).tokens.tolist() == [9]
+    assert chain_tree(logprobs, 0, 9).tokens.tolist() == [9]
     # A chain is the builder's tree when each depth's runner-up is far behind.
     sharp = torch.full((3, 3), -50.0)
     sharp[[0, 1, 2], [2, 0, 1]] = 0.0
     built = build_tree(sharp, 3, 9)
-    assert torch.equal(built.tokens, chain_tree(sharp, 9).tokens)
-    assert torch.equal(built.parents, chain_tree(sharp, 9).parents)
+    assert torch.equal(built.tokens, chain_tree(sharp, 99, 9).tokens)
+    assert torch.equal(built.parents, chain_tree(sharp, 99, 9).parents)
 
 
 def ancestors_by_parents(parents):
@@ -221,12 +229,12 @@ def test_bad_inputs_raise_clear_errors():
         build_tree(good, 2, torch.tensor(1.0))
     with pytest.raises(TypeError, match="root_token"):
         build_tree(good, 2, "a")
-    with pytest.raises(ValueError, match="length"):
-        chain_tree(good, 0, length=3)
+    with pytest.raises(ValueError, match="budget"):
+        chain_tree(good, -1, 0)
     with pytest.raises(ValueError, match="past_length"):
-        tree_attention_mask(chain_tree(good, 0), -1, torch.float32)
+        tree_attention_mask(chain_tree(good, 99, 0), -1, torch.float32)
     with pytest.raises(TypeError, match="floating"):
-        tree_attention_mask(chain_tree(good, 0), 0, torch.long)
+        tree_attention_mask(chain_tree(good, 99, 0), 0, torch.long)
 
 
 def test_draft_tree_properties():
@@ -244,3 +252,34 @@ def test_draft_tree_rejects_bad_shapes():
                       ("visibility", torch.ones(2, 2))]:
         with pytest.raises(ValueError, match=name):
             DraftTree(**{**ok, name: bad})
+
+
+def test_tree_builders_share_one_signature():
+    logprobs = torch.log_softmax(torch.randn(4, 7, generator=torch.Generator().manual_seed(0)), -1)
+    assert set(TREE_BUILDERS) >= {"best_first", "chain"}
+    for name, builder in TREE_BUILDERS.items():
+        for budget in (0, 1, 3, 50):
+            tree = builder(logprobs, budget, 5)
+            assert tree.tokens[0] == 5 and 1 <= tree.num_nodes <= budget + 1, (name, budget)
+            assert (tree.parents[1:] < torch.arange(1, tree.num_nodes)).all()
+
+
+def test_tree_inputs_reuse_buffers_and_equal_fresh_masks():
+    """Cycle after cycle (growing past, trees of changing size), the reused buffers give exactly the fresh
+    mask and positions, with pad columns hidden throughout."""
+    gen = torch.Generator().manual_seed(0)
+    pads = torch.tensor([0, 1])
+    inputs = TreeInputs(max_past=40, dtype=torch.float32, device="cpu", hidden_columns=pads)
+    past, first_buffer = 5, None
+    for budget in (4, 9, 2, 9, 0, 12, 3):
+        tree = build_tree(torch.log_softmax(torch.randn(3, 6, generator=gen), -1), budget, 1)
+        mask, positions = inputs(tree, past, past + 7)
+        expected = tree_attention_mask(tree, past, torch.float32)
+        expected[..., pads] = torch.finfo(torch.float32).min
+        assert torch.equal(mask, expected) and positions.tolist() == [(past + 7 + tree.depths).tolist()]
+        if first_buffer is None and tree.num_nodes == 13:
+            first_buffer = inputs.mask.data_ptr()
+        past += int(tree.num_nodes // 2) + 1
+    assert first_buffer == inputs.mask.data_ptr()  # no re-allocation once the largest tree was seen
+    with pytest.raises(ValueError, match="past_length"):
+        inputs(tree, -1, 0)

@@ -16,7 +16,9 @@ import torch
 
 import hf_tev.verify as verify_module
 from hf_tev.tree import DraftTree, build_tree
-from hf_tev.verify import VERIFIERS, target_flow, verify_greedy, verify_predraw, verify_residual, verify_tev
+from hf_tev.verify import SAMPLING_VERIFIERS as VERIFIERS
+from hf_tev.verify import VERIFIERS as ALL_VERIFIERS
+from hf_tev.verify import target_flow, verify_greedy, verify_predraw, verify_residual, verify_tev
 
 
 def make_tree(parents, tokens) -> DraftTree:
@@ -338,6 +340,13 @@ def test_greedy_is_the_zero_temperature_limit(seed):
         for s in range(3):
             sampled_path, sampled_bonus = verifier(tree, one_hot.log(), torch.Generator().manual_seed(s))
             assert torch.equal(sampled_path, path) and int(sampled_bonus) == best
+
+
+def test_greedy_is_a_registered_verifier_with_the_common_signature():
+    tree, probs = case_branchy()
+    assert ALL_VERIFIERS["greedy"] is verify_greedy and set(VERIFIERS) <= set(ALL_VERIFIERS)
+    path, bonus = ALL_VERIFIERS["greedy"](tree, probs.log(), generator=torch.Generator().manual_seed(0))
+    assert torch.equal(path, verify_greedy(tree, probs)[0]) and int(bonus) == int(verify_greedy(tree, probs)[1])
 
 
 def test_single_node_tree():

@@ -1,0 +1,141 @@
+"""`TEVConfig` (how a `generate` call decodes with trees) and `TEVStats` (what one call measured).
+
+Plain Python: importing this module does not import transformers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from .tree import TREE_BUILDERS
+from .verify import SAMPLING_VERIFIERS
+
+
+@dataclass
+class TEVConfig:
+    """How `generate(..., assistant_model=drafter, tev_config=TEVConfig(...))` decodes.
+
+    Args:
+        budget (`int`, defaults to 64): drafted tree nodes per cycle, the root excluded. 0 is plain decoding.
+        verifier (`str`, defaults to `"tev"`): `"tev"` (Tree Exit Verification), `"predraw"` (DDTree's
+            predraw-and-follow) or `"residual"` (sequential residual). All are exact and share one output law;
+            at temperature 0 (greedy) all three reduce to the same argmax walk (`VERIFIERS["greedy"]`).
+        tree (`str`, defaults to `"best_first"`): a tree source of `hf_tev.tree.TREE_BUILDERS`: `"best_first"`
+            (DDTree's builder) or `"chain"` (one argmax child per depth, plain DFlash; at most
+            `min(budget, block_size - 1)` nodes).
+        block_size (`int`, *optional*): drafting block (root + masks), at most the drafter's own block size.
+        seed (`int`, *optional*): seeds a private `torch.Generator` for the verifier's draws. `None` uses torch's
+            global RNG, like `generate` itself, so `torch.manual_seed` before the call reproduces a run.
+
+    Fields are checked on construction and again when a call uses the config (`validate`), so a field
+    changed afterwards cannot slip through.
+    """
+
+    budget: int = 64
+    verifier: str = "tev"
+    tree: str = "best_first"
+    block_size: int | None = None
+    seed: int | None = None
+
+    def __post_init__(self):
+        self.validate()
+
+    def validate(self) -> TEVConfig:
+        """Raise a clear error for any field out of range; return the config."""
+        if isinstance(self.budget, bool) or not isinstance(self.budget, int):
+            raise TypeError(f"TEVConfig.budget must be an int, got {type(self.budget).__name__}")
+        if self.budget < 0:
+            raise ValueError(f"TEVConfig.budget must be >= 0 (0 = plain decoding), got {self.budget}")
+        if self.verifier not in SAMPLING_VERIFIERS:
+            raise ValueError(f"TEVConfig.verifier must be one of {list(SAMPLING_VERIFIERS)}, got {self.verifier!r}")
+        if self.tree not in TREE_BUILDERS:
+            raise ValueError(f"TEVConfig.tree must be one of {list(TREE_BUILDERS)}, got {self.tree!r}")
+        if self.block_size is not None and (
+            isinstance(self.block_size, bool) or not isinstance(self.block_size, int) or self.block_size < 2
+        ):
+            raise ValueError(
+                f"TEVConfig.block_size must be an int >= 2 (root + at least one mask), got {self.block_size!r}"
+            )
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
+            raise TypeError(f"TEVConfig.seed must be an int or None, got {type(self.seed).__name__}")
+        return self
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def coerce(cls, value) -> TEVConfig:
+        """A validated `TEVConfig` from a `TEVConfig`, a plain dict of its fields (e.g. read back from a
+        `generation_config.json`), or a `TEVConfig` of an earlier copy of this module (after
+        `importlib.reload`, its class is another object with the same name)."""
+        if isinstance(value, cls):
+            return value.validate()
+        if type(value).__module__ == cls.__module__ and type(value).__qualname__ == cls.__qualname__:
+            return cls(**dataclasses.asdict(value))
+        if isinstance(value, Mapping):
+            known = {f.name for f in dataclasses.fields(cls)}
+            unknown = sorted(set(value) - known)
+            if unknown:
+                raise ValueError(f"tev_config has unknown fields {unknown}; TEVConfig fields are {sorted(known)}")
+            return cls(**value)
+        raise TypeError(f"`tev_config` must be an hf_tev.TEVConfig or a dict of its fields, got {type(value).__name__}")
+
+
+@dataclass
+class TEVStats:
+    """Per-cycle statistics of one tree-decoding call (one entry per cycle, seconds for times).
+
+    `accepted_lengths[i]` is the cycle's block length as the paper counts it (tau: accepted drafted nodes + 1
+    for the bonus token); `coverages[i]` is the tree's expected block length under the target, 1 + C.
+    Stage times: `draft` (drafter forward), `build` (tree builder), `forward` (target tree pass),
+    `verify` (the verifier stage: logits processing, decision and cache commit).
+    """
+
+    accepted_lengths: list[int] = field(default_factory=list)
+    coverages: list[float] = field(default_factory=list)
+    tree_sizes: list[int] = field(default_factory=list)
+    draft_times: list[float] = field(default_factory=list)
+    build_times: list[float] = field(default_factory=list)
+    forward_times: list[float] = field(default_factory=list)
+    verify_times: list[float] = field(default_factory=list)
+    prefill_time: float = 0.0
+
+    def record(self, accepted: int, tree_size: int, draft: float, build: float, forward: float, verify: float):
+        """One cycle's block length, drafted nodes and stage times."""
+        self.accepted_lengths.append(accepted)
+        self.tree_sizes.append(tree_size)
+        self.draft_times.append(draft)
+        self.build_times.append(build)
+        self.forward_times.append(forward)
+        self.verify_times.append(verify)
+
+    @property
+    def num_cycles(self) -> int:
+        return len(self.accepted_lengths)
+
+    @property
+    def tau(self) -> float:
+        """Mean output-block length including the bonus token."""
+        return sum(self.accepted_lengths) / max(1, self.num_cycles)
+
+    @property
+    def mean_coverage(self) -> float:
+        return sum(self.coverages) / max(1, len(self.coverages))
+
+    def summary(self) -> dict:
+        def mean(values):
+            return sum(values) / max(1, len(values))
+
+        return {
+            "cycles": self.num_cycles,
+            "tau": self.tau,
+            "coverage": self.mean_coverage,
+            "tree_size": mean(self.tree_sizes),
+            "draft_s": mean(self.draft_times),
+            "build_s": mean(self.build_times),
+            "forward_s": mean(self.forward_times),
+            "verify_s": mean(self.verify_times),
+            "prefill_s": self.prefill_time,
+        }

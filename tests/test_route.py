@@ -1,0 +1,162 @@
+"""The `generate` route: lazy imports, reload idempotence, a foreign wrapper, the custom_generate entries."""
+
+import functools
+import importlib
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import make_target
+from transformers import GenerationMixin
+from transformers.generation.streamers import BaseStreamer
+
+import hf_tev
+from hf_tev import DFlashDraftModel, TEVConfig
+
+REPO = Path(__file__).resolve().parent.parent
+PROMPT = torch.tensor([[1, 5, 9, 13, 7]])
+
+
+def make_drafter(target):
+    torch.manual_seed(1)
+    return DFlashDraftModel.from_target(target, num_layers=1, block_size=8).eval()
+
+
+def run_python(code: str) -> str:
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def routes(mixin=GenerationMixin) -> list:
+    """Our wrappers in the chain of `generate` (by the marker attribute our wrapper carries)."""
+    found, function = [], mixin.generate
+    while function is not None:
+        if "_hf_tev_active" in getattr(function, "__dict__", {}) and function is mixin.__dict__.get("_hf_tev_route"):
+            found.append(function)
+        function = getattr(function, "__wrapped__", None)
+    return found
+
+
+def test_core_modules_import_without_transformers_and_the_route_arrives_with_it():
+    out = run_python(
+        "import sys\n"
+        "import hf_tev, hf_tev.tree, hf_tev.verify, hf_tev.exit_loss, hf_tev.config\n"
+        "loaded = sorted(m for m in sys.modules if m == 'transformers' or m.startswith('transformers.'))\n"
+        "print('loaded', loaded)\n"
+        "from transformers import GenerationMixin\n"
+        "print('routed', GenerationMixin.generate is GenerationMixin.__dict__['_hf_tev_route'], hf_tev.is_enabled())\n"
+    )
+    assert "loaded []" in out and "routed True True" in out
+
+
+def test_transformers_first_then_hf_tev_routes_at_import():
+    out = run_python(
+        "from transformers import GenerationMixin\n"
+        "original = GenerationMixin.generate\n"
+        "import hf_tev\n"
+        "print(GenerationMixin.generate is not original, GenerationMixin.generate.__wrapped__ is original)\n"
+    )
+    assert out.strip() == "True True"
+
+
+def test_reload_does_not_wrap_twice_and_disable_restores_the_original():
+    target = make_target("qwen3")
+    drafter = make_drafter(target)
+    expected = target.generate(PROMPT, do_sample=False, max_new_tokens=8)
+    route = GenerationMixin.__dict__["_hf_tev_route"]
+    original = route.__wrapped__
+    old_config = TEVConfig(budget=4)  # made by the class before the reloads
+    try:
+        for module in ("hf_tev.route", "hf_tev.config", "hf_tev.generation"):
+            importlib.reload(importlib.import_module(module))
+            importlib.reload(importlib.import_module("hf_tev"))  # runs enable() again
+        assert len(routes()) == 1 and GenerationMixin.generate is route
+        out = target.generate(PROMPT, do_sample=False, max_new_tokens=8, assistant_model=drafter,
+                              tev_config=old_config)
+        assert out.tolist() == expected.tolist()
+        hf_tev.disable()
+        assert GenerationMixin.generate is original and not hf_tev.is_enabled()
+    finally:
+        hf_tev.enable()
+    assert hf_tev.is_enabled() and len(routes()) == 1
+
+
+def test_disable_with_a_foreign_wrapper_keeps_theirs_and_passes_through():
+    target = make_target("qwen3")
+    drafter = make_drafter(target)
+    expected = target.generate(PROMPT, do_sample=False, max_new_tokens=8)
+    ours = GenerationMixin.generate
+    calls = []
+
+    @functools.wraps(ours)  # also copies our wrapper's attributes: identity, not attributes, must decide
+    def foreign(self, *args, **kwargs):
+        calls.append(kwargs.get("max_new_tokens"))
+        return ours(self, *args, **kwargs)
+
+    GenerationMixin.generate = foreign
+    try:
+        hf_tev.disable()
+        assert GenerationMixin.generate is foreign and not hf_tev.is_enabled()
+        assert target.generate(PROMPT, do_sample=False, max_new_tokens=8).tolist() == expected.tolist()
+        with pytest.raises(ValueError, match="tev_config"):  # our wrapper passes through: transformers refuses it
+            target.generate(PROMPT, do_sample=False, max_new_tokens=8, assistant_model=drafter,
+                            tev_config=TEVConfig())
+        hf_tev.enable()  # re-activates the wrapper under theirs, no second wrapper
+        assert GenerationMixin.generate is foreign and hf_tev.is_enabled() and len(routes()) == 1
+        out = target.generate(PROMPT, do_sample=False, max_new_tokens=8, assistant_model=drafter,
+                              tev_config=TEVConfig(budget=4))
+        assert out.tolist() == expected.tolist() and calls[-1] == 8
+    finally:
+        GenerationMixin.generate = ours
+        hf_tev.enable()
+    assert hf_tev.is_enabled()
+
+
+class Collect(BaseStreamer):
+    def __init__(self):
+        self.tokens, self.ended = [], False
+
+    def put(self, value):
+        self.tokens += value.reshape(-1).tolist()
+
+    def end(self):
+        self.ended = True
+
+
+def test_custom_generate_callable_entry_with_streamer_and_stop_strings():
+    from hf_tev.generation import tree_speculative_decode
+    from hf_tev.kit import load_kit_model, load_kit_tokenizer
+
+    target, tokenizer = load_kit_model("target"), load_kit_tokenizer()
+    drafter = load_kit_model("drafter-dflash-l135")
+    prompt = tokenizer("def fibonacci(n):\n", return_tensors="pt").input_ids
+    expected = target.generate(prompt, do_sample=False, max_new_tokens=24)
+    streamer = Collect()
+    out = target.generate(prompt, do_sample=False, max_new_tokens=24, custom_generate=tree_speculative_decode,
+                          drafter=drafter, tev_config=TEVConfig(budget=8), streamer=streamer)
+    assert out.tolist() == expected.tolist()
+    assert streamer.tokens == expected[0].tolist() and streamer.ended  # the prompt, then every new token
+    # stop strings need the tokenizer, which the callable route passes on
+    text = tokenizer.decode(expected[0, prompt.shape[1]:])
+    stop = text.strip().split()[1]
+    kwargs = dict(do_sample=False, max_new_tokens=24, stop_strings=[stop], tokenizer=tokenizer)
+    plain = target.generate(prompt, **kwargs)
+    assert plain.shape[1] < expected.shape[1]
+    for call in (dict(custom_generate=tree_speculative_decode, drafter=drafter),
+                 dict(assistant_model=drafter, tev_config=TEVConfig(budget=8))):
+        assert target.generate(prompt, **kwargs, **call).tolist() == plain.tolist()
+
+
+def test_custom_generate_folder_from_a_local_path(monkeypatch):
+    target = make_target("llama")
+    drafter = make_drafter(target)
+    expected = target.generate(PROMPT, do_sample=False, max_new_tokens=12)
+    streamer = Collect()
+    out = target.generate(PROMPT, do_sample=False, max_new_tokens=12, custom_generate=str(REPO),
+                          trust_remote_code=True, assistant_model=drafter, tev_config={"budget": 6},
+                          streamer=streamer, return_dict_in_generate=True)
+    assert out.sequences.tolist() == expected.tolist() and out.tev_stats.num_cycles > 0
+    assert streamer.tokens == expected[0].tolist()
