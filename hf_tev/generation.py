@@ -346,7 +346,7 @@ def _check_supported(model, drafter, input_ids, generation_config, tev_config, c
             raise ValueError("hf_tev tree decoding starts from an empty cache; do not pass a pre-filled cache.")
 
 
-def _draw(scores: torch.Tensor, do_sample: bool, generator) -> torch.LongTensor:
+def next_token(scores: torch.Tensor, do_sample: bool, generator=None) -> torch.LongTensor:
     """The target's own next token from processed scores `[1, V]` -> `[1]` (the prefill's root)."""
     if do_sample:
         return torch.multinomial(torch.softmax(scores, dim=-1), 1, generator=generator)[0]
@@ -398,7 +398,7 @@ def tree_speculative_decode(
     candidates.update_candidate_strategy(features, positions)
     next_position = int(positions[0, -1]) + 1
     processed = logits_processor(input_ids, raw)
-    root = _draw(processed, do_sample, generator)  # [1]
+    root = next_token(processed, do_sample, generator)  # [1]
     sequence = torch.cat([input_ids, root[None]], dim=1)  # committed tokens + the root
     outputs.add(processed, raw)
     outputs.stream(root)
