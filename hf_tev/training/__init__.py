@@ -1,6 +1,8 @@
 """ExitTrain: exit-guided training of DFlash drafters (SPEC section 6).
 
 - `data`: target-written training rows (`generate_training_data`), their check and `ExitDataCollator`;
+- `features`: the target features a drafter reads, computed once and memory-mapped (`FeatureCache`,
+  `CachedFeatureDataset`): the standard objective then trains without target forwards;
 - `batch`: anchors, block labels and the masks of the shared drafter forward and the batched tree pass;
 - `trainer`: `ExitTrainingArguments` (every knob) and `ExitTrainer` (a `transformers.Trainer`);
 - `hub`: the model card (template `drafter_card.md`, package data) and the Hub upload.
@@ -8,23 +10,29 @@ The loss maths itself is `hf_tev.exit_loss` (plain torch).
 """
 
 from .batch import block_attention_mask, block_labels, sample_anchors, tree_batch_inputs
-from .data import INPUT_IDS, LOSS_MASK, PROMPT_LENGTH, ExitDataCollator, check_dataset, generate_training_data
+from .data import (CONTEXT_FEATURES, INPUT_IDS, LOSS_MASK, PROMPT_LENGTH, ExitDataCollator, check_dataset,
+                   generate_training_data)
+from .features import CachedFeatureDataset, FeatureCache, compute_context_features
 from .hub import OBJECTIVE_DESCRIPTIONS, card_metadata, is_hub_id, render_model_card, trainer_model_card
 from .trainer import TREE_ANCHORS, ExitTrainer, ExitTrainingArguments
 
 __all__ = [
+    "CONTEXT_FEATURES",
     "INPUT_IDS",
     "LOSS_MASK",
     "OBJECTIVE_DESCRIPTIONS",
     "PROMPT_LENGTH",
     "TREE_ANCHORS",
+    "CachedFeatureDataset",
     "ExitDataCollator",
     "ExitTrainer",
     "ExitTrainingArguments",
+    "FeatureCache",
     "block_attention_mask",
     "block_labels",
     "card_metadata",
     "check_dataset",
+    "compute_context_features",
     "generate_training_data",
     "is_hub_id",
     "render_model_card",

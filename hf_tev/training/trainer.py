@@ -17,7 +17,9 @@ SpecForge `exittrain`); every difference to earlier hf_tev versions is a knob of
 
 One training step, per batch of target-generated sequences:
   1. context: one no-grad target forward over the sequences; only the drafter's layers are returned
-     as hidden states (and, for the tree objectives, the K/V cache is kept).
+     as hidden states (and, for the tree objectives, the K/V cache is kept). With objective "dflash", a
+     batch that carries `context_features` (a feature cache: `CachedFeatureDataset`) skips this forward;
+     the tree objectives need the target's K/V, so they run it anyway and use its own features.
   2. draft:   `anchors_per_sequence` random anchors per sequence (the token after each is supervised);
               every anchor's block `[x_a, MASK, ...]` sees the context strictly before `a` and itself, and
               all blocks of a sequence share ONE drafter forward through a block-structured 4D float mask.
@@ -57,7 +59,8 @@ from ..modeling_dflash import DFlashDraftModel
 from ..tree import build_tree
 from . import hub
 from .batch import block_attention_mask, block_labels, sample_anchors, tree_batch_inputs
-from .data import ExitDataCollator, _pad_token_id, check_dataset
+from .data import CONTEXT_FEATURES, ExitDataCollator, _pad_token_id, check_dataset
+from .features import CachedFeatureDataset
 
 # Which anchors get a tree: those whose whole horizon (block_size - 1 following tokens) is supervised and
 # inside the sequence (the authors' released code), or every anchor.
@@ -234,6 +237,9 @@ class ExitTrainer(Trainer):
         args ([`ExitTrainingArguments`], *optional*): defaults to `ExitTrainingArguments("tmp_trainer")`.
         train_dataset / eval_dataset: rows with an `input_ids` column and optionally `prompt_length` or
             `loss_mask` (see [`ExitDataCollator`], [`generate_training_data`]); a list or `datasets.Dataset`.
+            A [`CachedFeatureDataset`] (rows with the target's features from a `FeatureCache`) spares the
+            target forward of every step with objective `"dflash"`; the tree objectives still run the target
+            (they score the trees against its K/V cache) and ignore the cached features.
         data_collator (*optional*): defaults to `ExitDataCollator(pad_token_id, args.max_length)`.
         processing_class (*optional*): a tokenizer saved next to the drafter.
         callbacks, optimizers, **kwargs: as for [`~transformers.Trainer`].
@@ -267,12 +273,14 @@ class ExitTrainer(Trainer):
             args = ExitTrainingArguments(output_dir="tmp_trainer")
         if not isinstance(args, ExitTrainingArguments):
             raise TypeError(f"args must be ExitTrainingArguments, got {type(args).__name__}")
+        eval_datasets = eval_dataset if isinstance(eval_dataset, Mapping) else {None: eval_dataset}
+        for dataset in (train_dataset, *eval_datasets.values()):
+            if isinstance(dataset, CachedFeatureDataset) and dataset.cache.layer_ids != model.config.target_layer_ids:
+                raise ValueError(f"the feature cache {dataset.cache.path} holds target layers "
+                                 f"{dataset.cache.layer_ids}, the drafter reads {model.config.target_layer_ids}")
         check_dataset(train_dataset, "train_dataset")
-        if isinstance(eval_dataset, Mapping):
-            for split, dataset in eval_dataset.items():
-                check_dataset(dataset, f"eval_dataset[{split!r}]")
-        else:
-            check_dataset(eval_dataset, "eval_dataset")
+        for split, dataset in eval_datasets.items():
+            check_dataset(dataset, "eval_dataset" if split is None else f"eval_dataset[{split!r}]")
         if data_collator is None:
             data_collator = ExitDataCollator(pad_token_id=_pad_token_id(target_model, processing_class),
                                              max_length=args.max_length)
@@ -301,11 +309,18 @@ class ExitTrainer(Trainer):
         anchors, valid = sample_anchors(loss_mask, args.anchors_per_sequence, self._anchor_generator(mode))  # [B, A]
         with_trees = args.objective != "dflash"
 
-        # 1. Context features (and, for the trees, the context K/V) from the frozen target.
-        with torch.no_grad():
-            context = self.target_model(input_ids, output_hidden_states=drafter.target_hidden_indices,
-                                        use_cache=with_trees, logits_to_keep=1)
-        features = drafter.context_features(context.hidden_states)  # [B, T, k*H]
+        # 1. Context features (and, for the trees, the context K/V) from the frozen target, or from the cache.
+        if not with_trees and inputs.get(CONTEXT_FEATURES) is not None:
+            features = inputs[CONTEXT_FEATURES]  # [B, T, k*H], cast to the drafter's dtype when used
+            width = len(drafter.config.target_layer_ids) * drafter.config.hidden_size
+            if features.shape != (*input_ids.shape, width):
+                raise ValueError(f"batch '{CONTEXT_FEATURES}' has shape {tuple(features.shape)}, expected "
+                                 f"{(*input_ids.shape, width)} (the drafter's target layers x hidden size)")
+        else:
+            with torch.no_grad():
+                context = self.target_model(input_ids, output_hidden_states=drafter.target_hidden_indices,
+                                            use_cache=with_trees, logits_to_keep=1)
+            features = drafter.context_features(context.hidden_states)  # [B, T, k*H]
 
         # 2. All blocks of a sequence in one drafter forward.
         draft_logits = self._draft_blocks(model, drafter, input_ids, features, anchors)  # [B, A, D, V]
