@@ -92,6 +92,14 @@ def test_cache_is_incremental_and_survives_reopening(target, tmp_path, monkeypat
     assert torch.equal(cache.features(rows[0]["input_ids"]), first[0])
     with pytest.raises(KeyError, match="not in the feature cache"):
         cache.features([5, 6, 7])
+    # Two writers of one folder (e.g. a training run and a benchmark): the second appends after the first.
+    late, more = FeatureCache(tmp_path / "cache", target, drafter), make_rows(n=4, seed=10)
+    assert cache.update(more[:2], show_progress=False) == 2
+    assert late.update(more, show_progress=False) == 2 and len(late) == len(rows) + 1 + 4
+    fresh = FeatureCache(tmp_path / "cache", target, drafter)
+    for row in more + extra + rows[:1]:
+        torch.testing.assert_close(fresh.features(row["input_ids"]).float(),
+                                   single_row_features(target, drafter, row["input_ids"]), rtol=2e-3, atol=2e-3)
 
 
 def test_cache_refuses_another_target_layers_or_dtype(target, tmp_path):

@@ -22,11 +22,13 @@ A cache folder holds
 A row is found by its token ids, so datasets can be reordered, concatenated or grown: `update` computes only
 the rows it does not hold. A cache opened with a different target (config or weights), layer ids, storage
 dtype or `max_length` is refused. Features are appended before the index names them, so an interrupted
-`update` loses at most the rows of its last flush.
+`update` loses at most the rows of its last flush. Updates of one folder from several processes take turns
+(a file lock, POSIX); a reader sees the rows that were cached when it opened the cache or last updated it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -41,6 +43,7 @@ from .data import CONTEXT_FEATURES, INPUT_IDS, LOSS_MASK
 
 FEATURES_NAME = "features.bin"
 INDEX_NAME = "index.json"
+LOCK_NAME = "update.lock"
 CACHE_FORMAT = 1
 # Storage dtypes: torch dtype -> the numpy dtype of its bytes (bfloat16 is kept as raw 16-bit words).
 STORAGE_DTYPES = {torch.float16: np.float16, torch.bfloat16: np.int16, torch.float32: np.float32}
@@ -132,20 +135,22 @@ class FeatureCache:
                   "target_fingerprint": target_fingerprint(target), "target_dtype": str(target.dtype),
                   "layer_ids": self.layer_ids, "hidden_size": self.hidden_size, "dtype": str(dtype).removeprefix("torch."),
                   "max_length": max_length}
+        self._header = header
+        self._read_index()
+
+    def _read_index(self) -> None:
         index_file = self.path / INDEX_NAME
+        self.rows: dict[str, list[int]] = {}
+        self.num_tokens = 0
         if index_file.is_file():
             index = json.loads(index_file.read_text())
             # The name is informative only: the same weights may be loaded from another path.
-            wrong = [f"{k}: cache {index.get(k)!r}, now {v!r}" for k, v in header.items()
+            wrong = [f"{k}: cache {index.get(k)!r}, now {v!r}" for k, v in self._header.items()
                      if k != "target_name" and index.get(k) != v]
             if wrong:
                 raise ValueError(f"{self.path} is a feature cache of another target or layout ({'; '.join(wrong)}); "
                                  "use another folder or delete it")
-            self.rows: dict[str, list[int]] = index["rows"]
-            self.num_tokens = int(index["num_tokens"])
-        else:
-            self.rows, self.num_tokens = {}, 0
-        self._header = header
+            self.rows, self.num_tokens = index["rows"], int(index["num_tokens"])
         self._memmap = None
 
     def __len__(self) -> int:
@@ -183,6 +188,16 @@ class FeatureCache:
         `batch_size` at a time (fewer when a batch would exceed `max_batch_tokens` padded tokens). The index
         is rewritten every `flush_rows` new rows and at the end.
         """
+        self.path.mkdir(parents=True, exist_ok=True)
+        with _file_lock(self.path / LOCK_NAME):
+            self._read_index()  # another process may have appended rows since this cache was opened
+            try:
+                return self._append(rows, batch_size, max_batch_tokens, flush_rows, show_progress)
+            except BaseException:
+                self._read_index()  # back to what the index on disk holds
+                raise
+
+    def _append(self, rows, batch_size, max_batch_tokens, flush_rows, show_progress) -> int:
         from tqdm.auto import tqdm
 
         todo = {}
@@ -193,7 +208,6 @@ class FeatureCache:
                 todo[key] = ids
         if not todo:
             return 0
-        self.path.mkdir(parents=True, exist_ok=True)
         data_file = self.path / FEATURES_NAME
         row_bytes = self.width * np.dtype(STORAGE_DTYPES[self.dtype]).itemsize
         with open(data_file, "ab") as f:
@@ -241,6 +255,21 @@ class FeatureCache:
         tmp = self.path / (INDEX_NAME + ".tmp")
         tmp.write_text(json.dumps(index, sort_keys=True))
         os.replace(tmp, self.path / INDEX_NAME)
+
+
+@contextlib.contextmanager
+def _file_lock(path: Path):
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: no lock (one writer at a time is then the caller's job)
+        yield
+        return
+    with open(path, "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 class CachedFeatureDataset(torch.utils.data.Dataset):
