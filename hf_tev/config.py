@@ -18,7 +18,12 @@ class TEVConfig:
     """How `generate(..., assistant_model=drafter, tev_config=TEVConfig(...))` decodes.
 
     Args:
-        budget (`int`, defaults to 64): drafted tree nodes per cycle, the root excluded. 0 is plain decoding.
+        budget (`int` or `"auto"`, defaults to `"auto"`): drafted tree nodes per cycle, the root excluded; 0 is
+            plain decoding. `"auto"` chooses every cycle's size by expected tokens per second from the
+            drafter's confidence, calibrated online against what the target accepts, and the measured cost of
+            a cycle on this machine, down to plain decoding when no tree pays (`hf_tev.budget`, SPEC
+            section 8).
+        max_budget (`int`, defaults to 128): the largest tree `"auto"` may choose.
         verifier (`str`, defaults to `"tev"`): `"tev"` (Tree Exit Verification), `"predraw"` (DDTree's
             predraw-and-follow) or `"residual"` (sequential residual). All are exact and share one output law;
             at temperature 0 (greedy) all three reduce to the same argmax walk (`VERIFIERS["greedy"]`).
@@ -33,21 +38,27 @@ class TEVConfig:
     changed afterwards cannot slip through.
     """
 
-    budget: int = 64
+    budget: int | str = "auto"
     verifier: str = "tev"
     tree: str = "best_first"
     block_size: int | None = None
     seed: int | None = None
+    max_budget: int = 128
 
     def __post_init__(self):
         self.validate()
 
     def validate(self) -> TEVConfig:
         """Raise a clear error for any field out of range; return the config."""
-        if isinstance(self.budget, bool) or not isinstance(self.budget, int):
-            raise TypeError(f"TEVConfig.budget must be an int, got {type(self.budget).__name__}")
-        if self.budget < 0:
+        if isinstance(self.budget, str):
+            if self.budget != "auto":
+                raise ValueError(f'TEVConfig.budget must be an int >= 0 or "auto", got {self.budget!r}')
+        elif isinstance(self.budget, bool) or not isinstance(self.budget, int):
+            raise TypeError(f'TEVConfig.budget must be an int or "auto", got {type(self.budget).__name__}')
+        elif self.budget < 0:
             raise ValueError(f"TEVConfig.budget must be >= 0 (0 = plain decoding), got {self.budget}")
+        if isinstance(self.max_budget, bool) or not isinstance(self.max_budget, int) or self.max_budget < 1:
+            raise ValueError(f"TEVConfig.max_budget must be an int >= 1, got {self.max_budget!r}")
         if self.verifier not in SAMPLING_VERIFIERS:
             raise ValueError(f"TEVConfig.verifier must be one of {list(SAMPLING_VERIFIERS)}, got {self.verifier!r}")
         if self.tree not in TREE_BUILDERS:
@@ -64,6 +75,15 @@ class TEVConfig:
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+    @property
+    def is_auto(self) -> bool:
+        return self.budget == "auto"
+
+    @property
+    def largest_tree(self) -> int:
+        """The most drafted nodes a cycle can have: `budget`, or `max_budget` for `"auto"`."""
+        return self.max_budget if self.is_auto else self.budget
 
     @classmethod
     def coerce(cls, value) -> TEVConfig:
@@ -101,6 +121,10 @@ class TEVStats:
     forward_times: list[float] = field(default_factory=list)
     verify_times: list[float] = field(default_factory=list)
     prefill_time: float = 0.0
+    # budget="auto": the block length predicted for each cycle's tree (A_cal; 1.0 when no tree was drafted)
+    # and the cost model at the end of the call (milliseconds).
+    predicted_lengths: list[float] = field(default_factory=list)
+    budget_model: dict | None = None
 
     def record(self, accepted: int, tree_size: int, draft: float, build: float, forward: float, verify: float):
         """One cycle's block length, drafted nodes and stage times."""
@@ -138,4 +162,5 @@ class TEVStats:
             "forward_s": mean(self.forward_times),
             "verify_s": mean(self.verify_times),
             "prefill_s": self.prefill_time,
+            "predicted_tau": mean(self.predicted_lengths) if self.predicted_lengths else None,
         }

@@ -23,7 +23,9 @@ from __future__ import annotations
 
 import copy
 import functools
+import math
 import time
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -40,6 +42,7 @@ from transformers.generation import (
     TopPLogitsWarper,
 )
 
+from .budget import AcceptanceCalibration, CostAwareBudget, CycleCost
 from .config import TEVConfig, TEVStats
 from .tree import TREE_BUILDERS, DraftTree, TreeInputs, chain_tree
 from .verify import VERIFIERS, target_flow
@@ -67,7 +70,7 @@ class DFlashTreeCandidateGenerator:
     """
 
     def __init__(self, drafter, target, tev_config: TEVConfig):
-        self.drafter, self.target, self.budget = drafter, target, tev_config.budget
+        self.drafter, self.target, self.budget = drafter, target, tev_config.largest_tree
         self.builder = TREE_BUILDERS[tev_config.tree]
         self.block_size = tev_config.block_size or drafter.config.block_size
         self.cache = drafter.new_cache()
@@ -106,11 +109,12 @@ class DFlashTreeCandidateGenerator:
         self.context = self.context_positions = None  # in the drafter's cache now
         return torch.log_softmax(logits[0].float(), dim=-1)
 
-    def build(self, draft_logprobs: torch.Tensor | None, root: torch.LongTensor) -> DraftTree:
-        """Stage 2: the tree of at most `budget` nodes; the root alone when nothing was drafted."""
+    def build(self, draft_logprobs: torch.Tensor | None, root: torch.LongTensor, size_rule=None) -> DraftTree:
+        """Stage 2: the tree of at most `budget` nodes (fewer where `size_rule` stops it, see
+        `hf_tev.budget`); the root alone when nothing was drafted."""
         if draft_logprobs is None:  # the cycle is a plain decoding step
             return chain_tree(root.new_zeros((0, 1), dtype=torch.float32), 0, root)
-        return self.builder(draft_logprobs, self.budget, root)
+        return self.builder(draft_logprobs, self.budget, root, size_rule=size_rule)
 
     def get_candidates(self, root: torch.LongTensor, root_position: int, max_depth: int) -> DraftTree:
         """Draft and build one tree (stages 1 and 2 together, for callers that do not time them apart)."""
@@ -227,6 +231,47 @@ def verifier_stage(tree, logits, committed_ids, logits_processor, verify, genera
     path = path.to(logits.device, non_blocking=True)
     commit_accepted_path(cache, past, path, path_list == list(range(len(path_list))))
     return path, bonus, processed
+
+
+# --------------------------------------------------------------------------------------------------------
+# The automatic budget's state: calibration per (drafter, target, sampling), cost per (target, device, dtype)
+# --------------------------------------------------------------------------------------------------------
+_CALIBRATIONS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # drafter -> {key: calibration}
+_COSTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # target -> {key: CycleCost}
+
+
+def automatic_budget(model, drafter, tev_config: TEVConfig, generation_config) -> CostAwareBudget:
+    """A `CostAwareBudget` for one call, with the calibration and cost model learnt by earlier calls on the
+    same drafter and target (kept as long as the models live)."""
+    sampling = (generation_config.do_sample, generation_config.temperature if generation_config.do_sample else 0)
+    calibration = _CALIBRATIONS.setdefault(drafter, {}).setdefault((id(model), sampling), AcceptanceCalibration())
+    device = model.get_input_embeddings().weight.device
+    cost_key = (str(device), model.dtype, torch.get_num_threads(), model.config._attn_implementation)
+    cost = _COSTS.setdefault(model, {}).setdefault(cost_key, CycleCost())
+    return CostAwareBudget(tev_config.max_budget, calibration, cost)
+
+
+def probe_tree_costs(model, cache, tree_inputs: TreeInputs, root, first_position: int, hidden_indices,
+                     max_tokens: int, repeats: int = 2) -> tuple[list[int], list[float]]:
+    """Seconds of target tree passes over 1, 2, 4, ... `max_tokens` tokens at the current context (the best of
+    `repeats`), the cache left as it was. The automatic budget's shape of t_tree; run once per target,
+    device, dtype and thread count."""
+    past = cache.get_seq_length()
+    clock = StageClock(root.device)
+    sizes = [1 << i for i in range(max_tokens.bit_length()) if (1 << i) <= max_tokens]
+    if max_tokens > 1.25 * sizes[-1]:
+        sizes.append(max_tokens)
+    seconds = []
+    for size in sizes:
+        chain = chain_tree(root.new_zeros((size - 1, 1), dtype=torch.float32), size - 1, root)
+        best = math.inf
+        for _ in range(repeats):
+            clock.lap()
+            tree_forward(model, chain, cache, *tree_inputs(chain, past, first_position), hidden_indices)
+            best = min(best, clock.lap())
+            cache.crop(past - cache.get_seq_length())
+        seconds.append(best)
+    return sizes, seconds
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -403,15 +448,30 @@ def tree_speculative_decode(
     outputs.add(processed, raw)
     outputs.stream(root)
     tree_inputs = TreeInputs(generation_config.max_length, model.dtype, device, pad_columns)
-    stats.prefill_time = clock.lap()
     stop = first_stop(stopping_criteria, sequence, sequence.shape[1] - 1, outputs.last_scores)
+    auto = automatic_budget(model, drafter, tev_config, generation_config) if tev_config.is_auto else None
+    if auto is not None and not auto.cost.probed and stop is None:
+        auto.cost.set_probe(*probe_tree_costs(model, cache, tree_inputs, root, next_position,
+                                              drafter.target_hidden_indices, tev_config.max_budget + 1))
+    stats.prefill_time = clock.lap()
 
     while stop is None:
         past = cache.get_seq_length()
         # 1.-2. Draft and build. Tokens still allowed after the root bound the depth (the bonus is one of them).
-        draft_logprobs = candidates.draft(root, next_position, generation_config.max_length - sequence.shape[1] - 1)
+        # The automatic budget may skip the drafter, and stops the build where one more node does not pay.
+        draft_logprobs = None
+        if auto is None or auto.should_draft():
+            draft_logprobs = candidates.draft(root, next_position, generation_config.max_length - sequence.shape[1] - 1)
         draft_s = clock.lap()
-        tree = candidates.build(draft_logprobs, root)
+        size_rule = None
+        if auto is not None and draft_logprobs is not None:
+            auto.cost.observe_draft(draft_s)
+            size_rule = auto.size_rule()
+        tree = candidates.build(draft_logprobs, root, size_rule)
+        if size_rule is not None:
+            stats.predicted_lengths.append(auto.chose(tree.num_nodes - 1))
+        elif auto is not None:
+            stats.predicted_lengths.append(1.0)
         build_s = clock.lap()
         # 3. Tree forward.
         out = tree_forward(model, tree, cache, *tree_inputs(tree, past, next_position), drafter.target_hidden_indices)
@@ -441,9 +501,13 @@ def tree_speculative_decode(
         if outputs.return_dict:  # coverage 1 + C, only for returned statistics; read once at the end
             coverages.append(target_flow(tree, processed)[0].sum() if do_sample else float(accepted))
         del out
-        clock.lap()  # the bookkeeping above belongs to no stage
+        rest_s = clock.lap()  # the bookkeeping above belongs to no stage
+        if auto is not None:
+            auto.observe(tree.path_logprobs, path.tolist(), forward_s, build_s + verify_s + rest_s)
 
     stats.coverages = [float(c) for c in coverages]
+    if auto is not None:
+        stats.budget_model = auto.cost.summary()
     return outputs.result(sequence, input_ids.shape[1], cache, stats)
 
 

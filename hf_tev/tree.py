@@ -64,6 +64,7 @@ class DraftTree:
     _internal_nodes: torch.LongTensor | None = field(default=None, repr=False, compare=False)
     _lists: TreeLists | None = field(default=None, repr=False, compare=False)
     _parent_rows: torch.LongTensor | None = field(default=None, repr=False, compare=False)
+    _path_logprobs: list | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self):
         # Shapes and dtypes only: checking the values would cost host syncs on accelerators.
@@ -101,6 +102,12 @@ class DraftTree:
         if self._parent_rows is not None:
             return self._parent_rows
         return torch.searchsorted(self.internal_nodes, self.parents[1:])
+
+    @property
+    def path_logprobs(self) -> list[float] | None:
+        """Host list `[N]`: the drafter's log-probability of every node's whole path root..v (0 for the root),
+        non-increasing in index order; set by the tree sources, None for a tree built by hand."""
+        return self._path_logprobs
 
     @property
     def lists(self) -> TreeLists:
@@ -156,7 +163,7 @@ def _ranked_topk(logprobs: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Lo
     return logprobs.gather(1, ids), ids, row_max
 
 
-def build_tree(draft_logprobs: torch.Tensor, budget: int, root_token) -> DraftTree:
+def build_tree(draft_logprobs: torch.Tensor, budget: int, root_token, size_rule=None) -> DraftTree:
     """Best-first DDTree draft tree (SPEC section 3, tie rule in the module docstring).
 
     Args:
@@ -165,6 +172,10 @@ def build_tree(draft_logprobs: torch.Tensor, budget: int, root_token) -> DraftTr
         budget (`int`): number of drafted nodes, root excluded; 0 gives the root alone. A budget
             above the number of token paths gives all paths.
         root_token (`int` or one-element integer `torch.Tensor`): token of the root.
+        size_rule (*optional*): `size_rule(n, path_logprob) -> bool`, asked before node n (1, 2, ...) is
+            added with its path log-probability; False stops the tree there. Nodes come in non-increasing
+            path log-probability, so the first n nodes are the best tree of size n and a rule can stop as
+            soon as one more node does not pay (`hf_tev.budget`).
 
     Returns:
         `DraftTree` on the device of `draft_logprobs`, nodes in pop order (non-increasing score).
@@ -193,12 +204,15 @@ def build_tree(draft_logprobs: torch.Tensor, budget: int, root_token) -> DraftTr
     # parent score); (depth, ranks) is unique per path, so the entries after it are never compared.
     # Scores are always accumulated root-to-leaf as parent score + value, the same float operations
     # for every way of reaching a path, so equal sums stay exactly equal.
-    tokens, depths, parents = [], [], []
+    tokens, depths, parents, scores = [], [], [], [0.0]
     ancestors = [[0]]  # ancestors-or-self of every node, root first
     frontier = [(-values[0][0], 1, (0,), 0, 0.0)]
     while frontier and len(tokens) < budget:
-        _, depth, ranks, parent, parent_score = heapq.heappop(frontier)
+        if size_rule is not None and not size_rule(len(tokens) + 1, -frontier[0][0]):
+            break
+        negative_score, depth, ranks, parent, parent_score = heapq.heappop(frontier)
         node, rank, row = len(tokens) + 1, ranks[-1], values[depth - 1]
+        scores.append(-negative_score)
         tokens.append(ids[depth - 1][rank])
         depths.append(depth)
         parents.append(parent)
@@ -210,7 +224,7 @@ def build_tree(draft_logprobs: torch.Tensor, budget: int, root_token) -> DraftTr
             score = parent_score + row[rank]
             heapq.heappush(frontier, (-(score + values[depth][0]), depth + 1, ranks + (0,), node, score))
 
-    return _tree_from_lists(root, tokens, depths, parents, ancestors)
+    return _tree_from_lists(root, tokens, depths, parents, ancestors, scores)
 
 
 def _tree_lists(parents: list[int], tokens: list[int]) -> TreeLists:
@@ -221,7 +235,7 @@ def _tree_lists(parents: list[int], tokens: list[int]) -> TreeLists:
 
 
 def _tree_from_lists(root: torch.LongTensor, tokens: list, depths: list, parents: list,
-                     ancestors: list) -> DraftTree:
+                     ancestors: list, scores: list) -> DraftTree:
     """Assemble a DraftTree from the builder's host lists (drafted nodes only; root prepended)."""
     device = root.device
     num_nodes = len(tokens) + 1
@@ -236,10 +250,10 @@ def _tree_from_lists(root: torch.LongTensor, tokens: list, depths: list, parents
     internal = torch.tensor(lists.internal, dtype=torch.long).to(device)
     return DraftTree(tokens=torch.cat([root, structure[2, 1:]]), depths=structure[0], parents=structure[1],
                      visibility=visibility.to(device), _max_depth=max(depths, default=0), _internal_nodes=internal,
-                     _lists=lists, _parent_rows=structure[3, 1:])
+                     _lists=lists, _parent_rows=structure[3, 1:], _path_logprobs=scores)
 
 
-def chain_tree(draft_logprobs: torch.Tensor, budget: int, root_token) -> DraftTree:
+def chain_tree(draft_logprobs: torch.Tensor, budget: int, root_token, size_rule=None) -> DraftTree:
     """The chain special case (plain DFlash): one rank-0 (argmax, lowest id on ties) child per depth.
 
     Same signature as `build_tree`: at most `budget` nodes, and never deeper than the drafted depths.
@@ -248,6 +262,7 @@ def chain_tree(draft_logprobs: torch.Tensor, budget: int, root_token) -> DraftTr
         draft_logprobs (`torch.Tensor` of shape `[D, V]`): drafter scores per depth (log-probs or logits).
         budget (`int`): drafted nodes, root excluded; the chain has `min(budget, D)` of them.
         root_token (`int` or one-element integer `torch.Tensor`): token of the root.
+        size_rule (*optional*): as for `build_tree` (costs one host copy of the chain's log-probs).
     """
     _check_draft_logprobs(draft_logprobs)
     if isinstance(budget, bool) or not isinstance(budget, int):
@@ -255,6 +270,11 @@ def chain_tree(draft_logprobs: torch.Tensor, budget: int, root_token) -> DraftTr
     if budget < 0:
         raise ValueError(f"budget must be >= 0, got {budget}")
     length = min(budget, draft_logprobs.shape[0])
+    scores = None
+    if size_rule is not None and length:
+        scores = [0.0] + draft_logprobs[:length].amax(-1).double().cumsum(0).tolist()
+        length = next((n - 1 for n in range(1, length + 1) if not size_rule(n, scores[n])), length)
+        scores = scores[: length + 1]
     device = draft_logprobs.device
     root = _root_tensor(root_token, device)
     depths = torch.arange(length + 1, device=device)  # [N]
@@ -266,10 +286,11 @@ def chain_tree(draft_logprobs: torch.Tensor, budget: int, root_token) -> DraftTr
         _max_depth=length,
         _internal_nodes=depths[:-1],
         _parent_rows=depths[:-1],  # node i's parent i - 1 is internal node number i - 1
+        _path_logprobs=scores,
     )
 
 
-# Tree sources, one signature: (draft_logprobs [D, V], budget, root_token) -> DraftTree. `TEVConfig.tree` names one.
+# Tree sources, one signature: (draft_logprobs [D, V], budget, root_token, size_rule=None) -> DraftTree. `TEVConfig.tree` names one.
 TREE_BUILDERS = {"best_first": build_tree, "chain": chain_tree}
 
 

@@ -56,7 +56,7 @@ def test_greedy_equals_target_greedy(arch, attn):
         prompt = torch.tensor([prompt_ids])
         for max_new in (5, 29):
             expected = greedy(target, prompt, max_new_tokens=max_new)
-            for budget in (1, 8, 64):
+            for budget in (1, 8, 64, "auto"):
                 for verifier in ("tev", "predraw", "residual"):
                     drafter = with_oracle(make_drafter(target), expected)
                     out = greedy(target, prompt, max_new_tokens=max_new, assistant_model=drafter,
@@ -77,6 +77,19 @@ def test_greedy_with_random_drafter_and_chain():
             out = greedy(target, prompt, max_new_tokens=20, assistant_model=make_drafter(target),
                          tev_config=TEVConfig(budget=budget, tree=tree))
             assert out.tolist() == expected.tolist()
+
+
+def test_auto_budget_with_a_useless_drafter_decodes_mostly_plainly():
+    target = make_target("qwen3")
+    prompt = torch.tensor([PROMPTS[0]])
+    expected = greedy(target, prompt, max_new_tokens=40)
+    out = greedy(target, prompt, max_new_tokens=40, assistant_model=make_drafter(target),
+                 tev_config=TEVConfig(), return_dict_in_generate=True)  # the default budget is "auto"
+    stats = out.tev_stats
+    assert out.sequences.tolist() == expected.tolist()
+    assert len(stats.predicted_lengths) == stats.num_cycles and stats.budget_model["probe_tokens"][0] == 1
+    plain = sum(size == 0 for size in stats.tree_sizes)
+    assert plain >= stats.num_cycles // 2, stats.tree_sizes  # the drafter is skipped most of the time
 
 
 def test_eos_inside_accepted_path_stops_there():
@@ -196,14 +209,26 @@ def test_tree_pass_logits_equal_path_forwards_and_compaction():
 # ---------------------------------------------------------------------------------------------------------
 # Sampling: the output law must be the target's own sampling law
 # ---------------------------------------------------------------------------------------------------------
-def exact_two_token_law(target, prompt, warpers):
-    """P(first two generated tokens) under the target's own sampling with `warpers` (temperature etc.)."""
+def exact_last_two_law(target, prompt, warpers, new_tokens=4):
+    """P(generated tokens new_tokens - 1 and new_tokens), all earlier generated tokens summed out, under the
+    target's own sampling with `warpers`. With 4 new tokens the first cycle after the prefill drafts a tree of
+    depth 2 whose accepted path can emit both tokens, so tree verification itself is on trial."""
     with torch.no_grad():
         vocab = target.config.vocab_size
-        first = torch.softmax(warpers(prompt, target(prompt).logits[:, -1].float()), -1)[0]  # [V]
-        seconds = torch.cat([prompt.expand(vocab, -1), torch.arange(vocab)[:, None]], 1)
-        second = torch.softmax(warpers(seconds, target(seconds).logits[:, -1].float()), -1)  # [V, V]
-    return first[:, None] * second
+        sequences, mass = prompt, torch.ones(1, dtype=torch.float64)  # every prefix and its probability
+        for step in range(new_tokens):
+            probs = torch.softmax(warpers(sequences, target(sequences).logits[:, -1].float()), -1).double()
+            if step < new_tokens - 2:
+                mass = (mass[:, None] * probs).reshape(-1)
+                sequences = torch.cat([sequences.repeat_interleave(vocab, 0),
+                                       torch.arange(vocab).repeat(sequences.shape[0])[:, None]], 1)
+            elif step == new_tokens - 2:
+                joint = mass[:, None] * probs  # [prefixes, V]: P(prefix, token n-1)
+                sequences = torch.cat([sequences.repeat_interleave(vocab, 0),
+                                       torch.arange(vocab).repeat(sequences.shape[0])[:, None]], 1)
+            else:
+                law = (joint.reshape(-1, 1) * probs).reshape(-1, vocab, vocab).sum(0)  # [V, V]
+    return law.float()
 
 
 def chi_square_pvalue(counts, law, min_expected=5.0):
@@ -219,9 +244,9 @@ def chi_square_pvalue(counts, law, min_expected=5.0):
     return float(torch.special.gammaincc(torch.tensor(dof / 2.0, dtype=torch.float64), stat / 2.0))
 
 
-@pytest.mark.parametrize("verifier", ["tev", "predraw"])
+@pytest.mark.parametrize("verifier,budget", [("tev", 6), ("predraw", 6), ("tev", "auto")])
 @pytest.mark.parametrize("warp", ["plain", "top_k_top_p"])
-def test_sampling_law_matches_target(verifier, warp):
+def test_sampling_law_matches_target(verifier, budget, warp):
     target = make_target("qwen3", vocab_size=8, hidden_size=32, num_layers=2, seed=4)
     with torch.no_grad():
         target.lm_head.weight.mul_(2.0)  # several tokens matter at each step, and temperature changes the law
@@ -234,17 +259,19 @@ def test_sampling_law_matches_target(verifier, warp):
         warpers += [TopKLogitsWarper(5), TopPLogitsWarper(0.9)]
     else:
         sampling.update(top_k=0, top_p=1.0)
-    law = exact_two_token_law(target, prompt, LogitsProcessorList(warpers))
+    law = exact_last_two_law(target, prompt, LogitsProcessorList(warpers))
     drafter = make_drafter(target, block_size=4)
-    counts = torch.zeros(8, 8)
+    counts, accepted = torch.zeros(8, 8), []
     torch.manual_seed(1234)
     for _ in range(400):
-        out = target.generate(prompt, max_new_tokens=2, assistant_model=drafter,
-                              tev_config=TEVConfig(budget=6, verifier=verifier), **sampling)
-        counts[out[0, 3], out[0, 4]] += 1
+        out = target.generate(prompt, max_new_tokens=4, assistant_model=drafter, return_dict_in_generate=True,
+                              tev_config=TEVConfig(budget=budget, verifier=verifier, max_budget=6), **sampling)
+        counts[out.sequences[0, 5], out.sequences[0, 6]] += 1
+        accepted.append(out.tev_stats.accepted_lengths[0])
     assert chi_square_pvalue(counts, law) > 1e-3
+    assert sum(a >= 3 for a in accepted) > 20, "the depth-2 paths were never accepted: the test has no power"
     # the test has power: a slightly different law (temperature 1.3, no top-k/top-p) is rejected
-    wrong = exact_two_token_law(target, prompt, LogitsProcessorList([TemperatureLike(1.3)]))
+    wrong = exact_last_two_law(target, prompt, LogitsProcessorList([TemperatureLike(1.3)]))
     assert chi_square_pvalue(counts, wrong) < 1e-3
 
 

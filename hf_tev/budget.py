@@ -1,0 +1,238 @@
+"""The cost-aware automatic budget (SPEC section 8): per cycle, the tree size with the most expected tokens per second.
+
+Plain Python (no torch, no transformers); `hf_tev.generation` feeds it measured times and verifier outcomes.
+
+- **Nested trees.** The best-first builder adds nodes in non-increasing path log-probability, so its first n
+  nodes are the best tree of size n. With Q(v) the drafter's probability of the whole path root..v, the
+  drafter's own expected block length of the size-n tree is A(n) = 1 + sum_{i<=n} Q(v_i), concave in n.
+- **Calibration** (`AcceptanceCalibration`). The drafter is over- or under-confident: the probability that
+  node v is accepted is learnt as a non-decreasing map g(Q) from counts of accepted / drafted nodes per
+  bucket of log Q (kept monotone by pooling adjacent violators), so A_cal(n) = 1 + sum g(Q(v_i)) stays
+  concave. An accepted node is one on the verifier's accepted path: at T = 0 the target's argmax path, at
+  T > 0 a draw whose expectation is the target flow P(v). Counts fade slowly, so the map follows the text.
+- **Cost** (`CycleCost`). T(n) = t_draft + t_tree(n + 1) + t_rest(n): the drafter's time, the target's
+  tree pass over n + 1 tokens and the rest of the cycle (build, verifier stage, bookkeeping). The shape of
+  t_tree over sizes comes from a probe of a few sizes (a CPU pays nearly per token, a GPU almost nothing up to
+  a large size), its level follows the cycles' own measurements (the context grows, the machine's load
+  changes); t_draft and t_rest (a line in n) are running averages / a running least-squares fit.
+- **Choice** (`CostAwareBudget.size_rule`). While the builder pops nodes, the rule adds node n as long as
+  A_cal(n) / T(n) keeps growing; with A_cal concave and T convex the ratio is unimodal, so the first
+  decrease is the maximum. A cycle is compared with plain decoding, 1 / T_plain: when even the best tree
+  does not pay for the drafter, the next cycles skip the drafter (their features wait, see
+  `DFlashTreeCandidateGenerator`) for 1, 2, 4, ... cycles, and drafting is tried again after each pause.
+- **Exactness.** Everything the rule reads is fixed before the cycle's tree pass (the drafter's output, earlier
+  cycles' times and outcomes), never this cycle's target draws, so every verifier stays exact.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from dataclasses import dataclass, field
+
+# Bucket edges of log Q (natural log), high to low; bucket b holds log Q in (EDGES[b + 1], EDGES[b]].
+LOG_Q_EDGES = (0.0, -0.1, -0.25, -0.5, -0.75, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0, -9.0, -math.inf)
+
+
+def isotonic(values: list[float], weights: list[float], increasing: bool = True) -> list[float]:
+    """Weighted least-squares fit of `values` by a monotone sequence (pool adjacent violators)."""
+    blocks = []  # [value, weight, size]
+    for value, weight in zip(values, weights, strict=True):
+        blocks.append([value, weight, 1])
+        while len(blocks) > 1 and (blocks[-2][0] > blocks[-1][0]) == increasing and blocks[-2][0] != blocks[-1][0]:
+            value_b, weight_b, size_b = blocks.pop()
+            value_a, weight_a, size_a = blocks.pop()
+            total = weight_a + weight_b
+            blocks.append([(value_a * weight_a + value_b * weight_b) / total, total, size_a + size_b])
+    return [value for value, _, size in blocks for _ in range(size)]
+
+
+class AcceptanceCalibration:
+    """A non-decreasing map g(Q) -> P(node accepted), learnt from the verifier's outcomes.
+
+    Args:
+        prior_weight (`float`, defaults to 2.0): pseudo-counts per bucket at g(Q) = Q (trust the drafter until
+            the target says otherwise).
+        decay (`float`, defaults to 0.995): every update multiplies the counts by it (about the last 200 cycles
+            count).
+    """
+
+    def __init__(self, prior_weight: float = 2.0, decay: float = 0.995):
+        self.prior_weight, self.decay = prior_weight, decay
+        buckets = len(LOG_Q_EDGES) - 1
+        self.hits = [0.0] * buckets
+        self.counts = [0.0] * buckets
+        # Prior: the geometric middle of each bucket (the last one, down to -inf, at e^-12).
+        self.prior = [math.exp((hi + (lo if math.isfinite(lo) else -12.0)) / 2)
+                      for hi, lo in zip(LOG_Q_EDGES[:-1], LOG_Q_EDGES[1:], strict=True)]
+        self._table = list(self.prior)
+        self._negated_edges = [-edge for edge in LOG_Q_EDGES[1:-1]]  # ascending, for bisect
+
+    def bucket(self, log_q: float) -> int:
+        """The bucket of a path log-probability (log Q <= 0)."""
+        return bisect.bisect_left(self._negated_edges, -log_q)
+
+    def __call__(self, log_q: float) -> float:
+        """g(Q): the calibrated acceptance probability of a node whose path has log-probability `log_q`."""
+        return self._table[self.bucket(log_q)]
+
+    def update(self, log_qs: list[float], accepted: list[bool]) -> None:
+        """One cycle's drafted nodes (their path log-probabilities) and whether each was accepted."""
+        for bucket in range(len(self.hits)):
+            self.hits[bucket] *= self.decay
+            self.counts[bucket] *= self.decay
+        for log_q, hit in zip(log_qs, accepted, strict=True):
+            bucket = self.bucket(log_q)
+            self.counts[bucket] += 1.0
+            self.hits[bucket] += float(hit)
+        self._table = self._monotone_table()
+
+    def _monotone_table(self) -> list[float]:
+        """Per-bucket estimates (prior-smoothed), non-increasing from bucket 0 (high Q) to the last."""
+        weights = [count + self.prior_weight for count in self.counts]
+        rates = [(hit + self.prior_weight * prior) / weight
+                 for hit, prior, weight in zip(self.hits, self.prior, weights, strict=True)]
+        return isotonic(rates, weights, increasing=False)
+
+
+@dataclass
+class CycleCost:
+    """Measured cost of a cycle as a function of the drafted nodes n (seconds).
+
+    `tree_shape[k]` is the probed relative cost of a target pass over k tokens (k = n + 1, linear between
+    probed sizes, and linear beyond the largest); `tree_scale` maps it to seconds and follows every measured
+    tree pass. `draft` is a running average of the drafter's time; `rest` is a running least-squares line
+    a + b n for build + verifier stage + bookkeeping.
+    """
+
+    probe_sizes: list[int] = field(default_factory=list)
+    probe_times: list[float] = field(default_factory=list)
+    tree_scale: float | None = None
+    draft: float | None = None
+    smoothing: float = 0.1  # weight of a new measurement in the running averages
+    _rest_moments: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0, 0.0, 0.0])  # w, n, n^2, t, n t
+
+    @property
+    def probed(self) -> bool:
+        return len(self.probe_sizes) >= 1
+
+    def set_probe(self, sizes: list[int], seconds: list[float]) -> None:
+        """Tree-pass times at a few token counts (ascending sizes); made non-decreasing (a larger pass never
+        costs less: what says otherwise is timing noise)."""
+        self.probe_sizes, self.tree_scale = list(sizes), 1.0
+        self.probe_times = isotonic(list(seconds), [1.0] * len(seconds))
+
+    def summary(self) -> dict:
+        """The model in milliseconds, for `TEVStats`."""
+        return {
+            "probe_tokens": list(self.probe_sizes),
+            "probe_ms": [1e3 * t for t in self.probe_times],
+            "tree_scale": self.tree_scale,
+            "draft_ms": None if self.draft is None else 1e3 * self.draft,
+            "cycle_ms": {n: 1e3 * self.cycle(n) for n in (0, 1, 4, 16, 64)},
+            "plain_ms": 1e3 * self.cycle(0, drafted=False),
+        }
+
+    def tree_shape(self, tokens: int) -> float:
+        sizes, times = self.probe_sizes, self.probe_times
+        if not sizes:
+            return float(tokens)  # no probe: a pass costs its tokens (the CPU view)
+        if len(sizes) == 1:
+            return times[0] * tokens / sizes[0]
+        i = min(max(bisect.bisect_left(sizes, tokens), 1), len(sizes) - 1)
+        slope = max((times[i] - times[i - 1]) / (sizes[i] - sizes[i - 1]), 0.0)
+        return max(times[i - 1] + slope * (tokens - sizes[i - 1]), 1e-9)
+
+    def tree(self, tokens: int) -> float:
+        """Predicted seconds of a target pass over `tokens` tree tokens."""
+        return (1.0 if self.tree_scale is None else self.tree_scale) * self.tree_shape(tokens)
+
+    def rest(self, nodes: int) -> float:
+        weight, s_n, s_nn, s_t, s_nt = self._rest_moments
+        if weight <= 0:
+            return 0.0
+        mean_n, mean_t = s_n / weight, s_t / weight
+        variance = s_nn / weight - mean_n * mean_n
+        slope = (s_nt / weight - mean_n * mean_t) / variance if variance > 1e-9 else 0.0
+        slope = max(slope, 0.0)
+        return max(mean_t + slope * (nodes - mean_n), 0.0)
+
+    def cycle(self, nodes: int, drafted: bool = True) -> float:
+        """T(n): predicted seconds of a cycle with `nodes` drafted nodes (`drafted=False`: no drafter call)."""
+        return (self.draft or 0.0) * drafted + self.tree(nodes + 1) + self.rest(nodes)
+
+    def observe_draft(self, draft_s: float) -> None:
+        """The drafter's measured time (known before the tree is built)."""
+        a = self.smoothing
+        self.draft = draft_s if self.draft is None else (1 - a) * self.draft + a * draft_s
+
+    def observe(self, nodes: int, tree_s: float, rest_s: float) -> None:
+        """One cycle's measured tree pass and the rest of the cycle."""
+        a = self.smoothing
+        ratio = tree_s / self.tree_shape(nodes + 1)
+        self.tree_scale = ratio if self.tree_scale is None else (1 - a) * self.tree_scale + a * ratio
+        moments = self._rest_moments
+        for i, value in enumerate((1.0, nodes, nodes * nodes, rest_s, nodes * rest_s)):
+            moments[i] = (1 - a) * moments[i] + value
+
+
+class CostAwareBudget:
+    """Chooses each cycle's tree size (SPEC section 8); one per decoding call, sharing its calibration and
+    cost model with later calls on the same models.
+
+    Args:
+        max_budget (`int`): the largest tree (drafted nodes).
+        calibration (`AcceptanceCalibration`), cost (`CycleCost`): the learnt state.
+        max_pause (`int`, defaults to 32): the longest run of cycles without the drafter after a cycle where
+            no tree paid for it.
+    """
+
+    def __init__(self, max_budget: int, calibration: AcceptanceCalibration, cost: CycleCost, max_pause: int = 32):
+        self.max_budget, self.calibration, self.cost, self.max_pause = max_budget, calibration, cost, max_pause
+        self.pause, self.paused = 0, 0  # length of the current pause, cycles left in it
+        self.predicted = 1.0  # A_cal of the last chosen tree
+
+    def should_draft(self) -> bool:
+        """Whether this cycle runs the drafter (False during a pause: the cycle is a plain decoding step)."""
+        if self.paused > 0:
+            self.paused -= 1
+            return False
+        return True
+
+    def size_rule(self):
+        """A fresh `size_rule(n, path_logprob) -> bool` for the tree builder: add node n while the expected
+        tokens per second A_cal(n) / T(n) still grows."""
+        state = {"length": 1.0, "rate": 1.0 / self.cost.cycle(0)}
+
+        def add_node(nodes: int, log_q: float) -> bool:
+            length = state["length"] + self.calibration(log_q)
+            rate = length / self.cost.cycle(nodes)
+            if nodes > self.max_budget or rate < state["rate"]:
+                return False
+            state["length"], state["rate"] = length, rate
+            return True
+
+        self._state = state
+        return add_node
+
+    def chose(self, nodes: int) -> float:
+        """After the build: the tree has `nodes` drafted nodes. Decides the pause before the next drafted
+        cycle and returns the predicted block length A_cal(nodes)."""
+        self.predicted = self._state["length"] if nodes else 1.0
+        plain_rate = 1.0 / self.cost.cycle(0, drafted=False)
+        if self._state["rate"] < plain_rate:  # no tree pays for the drafter: decode plainly for a while
+            self.pause = min(max(1, 2 * self.pause), self.max_pause)
+            self.paused = self.pause
+        else:
+            self.pause = 0
+        return self.predicted
+
+    def observe(self, path_logprobs: list[float] | None, path: list[int], tree_s: float, rest_s: float) -> None:
+        """One cycle's outcome: every node's path log-probability (`DraftTree.path_logprobs`, root first; None
+        or just the root when nothing was drafted), the accepted path's node indices (root first), and the
+        measured times of the tree pass and the rest of the cycle (the drafter's: `cost.observe_draft`)."""
+        nodes = 0 if path_logprobs is None else len(path_logprobs) - 1
+        if nodes:
+            on_path = set(path)
+            self.calibration.update(path_logprobs[1:], [node in on_path for node in range(1, nodes + 1)])
+        self.cost.observe(nodes, tree_s, rest_s)

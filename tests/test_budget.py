@@ -1,0 +1,126 @@
+"""The cost-aware automatic budget (SPEC section 8): calibration, cost model and the size choice, alone."""
+
+import math
+import random
+
+import pytest
+import torch
+
+from hf_tev.budget import AcceptanceCalibration, CostAwareBudget, CycleCost, isotonic
+from hf_tev.tree import TREE_BUILDERS, build_tree
+
+
+def identity_calibration() -> AcceptanceCalibration:
+    """g(Q) = the bucket's prior (about Q), no data."""
+    return AcceptanceCalibration()
+
+
+def brute_force_size(log_qs, calibration, cost, max_budget) -> int:
+    """argmax_n A_cal(n) / T(n) over n = 0..max_budget (first maximum)."""
+    best, best_n, length = 1.0 / cost.cycle(0), 0, 1.0
+    for n, log_q in enumerate(log_qs[:max_budget], start=1):
+        length += calibration(log_q)
+        rate = length / cost.cycle(n)
+        if rate > best:
+            best, best_n = rate, n
+    return best_n
+
+
+def test_isotonic_fits_are_monotone_and_keep_sorted_input():
+    assert isotonic([1.0, 2.0, 3.0], [1, 1, 1]) == [1.0, 2.0, 3.0]
+    assert isotonic([1.0, 3.0, 2.0, 4.0, 1.0], [1] * 5) == [1.0, 2.5, 2.5, 2.5, 2.5]
+    assert isotonic([3.0, 1.0], [1.0, 3.0]) == [1.5, 1.5]  # weighted mean
+    assert isotonic([1.0, 2.0], [1, 1], increasing=False) == [1.5, 1.5]
+
+
+@pytest.mark.parametrize("shape", ["cpu", "gpu"])
+def test_size_rule_finds_the_best_tree_size_on_a_synthetic_cost_curve(shape):
+    rng = random.Random(0)
+    for trial in range(20):
+        # a drafter's tree: path log-probs in the builder's order (non-increasing)
+        log_qs = sorted((math.log(rng.uniform(1e-4, 1.0)) * rng.uniform(0.2, 3) for _ in range(128)), reverse=True)
+        cost = CycleCost()
+        if shape == "cpu":  # a pass costs nearly per token
+            sizes = [1, 2, 4, 8, 16, 32, 64, 129]
+            cost.set_probe(sizes, [5e-3 + 2.5e-4 * k for k in sizes])
+        else:  # flat up to a large size, then linear
+            sizes = [1, 2, 4, 8, 16, 32, 64, 129]
+            cost.set_probe(sizes, [10e-3 + (0.0 if k <= 64 else 1e-4 * (k - 64)) for k in sizes])
+        cost.observe_draft(2e-3)
+        budget = CostAwareBudget(128, identity_calibration(), cost)
+        rule = budget.size_rule()
+        tree_size = next((n - 1 for n in range(1, 129) if not rule(n, log_qs[n - 1])), 128)
+        assert tree_size == brute_force_size(log_qs, budget.calibration, cost, 128), trial
+        if shape == "gpu" and tree_size:
+            assert tree_size >= 63  # the pass is flat up to 64 tokens: every node there is free
+
+
+def test_the_builder_stops_where_the_rule_says_and_keeps_the_best_prefix():
+    logprobs = torch.log_softmax(torch.randn(5, 12, generator=torch.Generator().manual_seed(0)) * 2, -1)
+    full = build_tree(logprobs, 40, 3)
+    assert full.path_logprobs[0] == 0.0 and full.path_logprobs == sorted(full.path_logprobs, reverse=True)
+    for name, builder in TREE_BUILDERS.items():
+        whole = builder(logprobs, 40, 3, size_rule=lambda n, log_q: True)
+        for stop in (1, 4, 9):
+            asked = []
+            cut = builder(logprobs, 40, 3, size_rule=lambda n, log_q, stop=stop: asked.append(n) or n <= stop)
+            size = min(stop, whole.num_nodes - 1)
+            assert cut.num_nodes == size + 1, name
+            assert torch.equal(cut.tokens, whole.tokens[: size + 1]) and torch.equal(cut.parents, whole.parents[: size + 1])
+            assert cut.path_logprobs == whole.path_logprobs[: size + 1]
+            assert asked == list(range(1, len(asked) + 1))
+            # the path log-probs are the sums of the drafter's log-probs along each path
+            for node in range(1, cut.num_nodes):
+                path = cut.visibility[node].nonzero().squeeze(1)[1:]
+                expected = sum(float(logprobs[int(cut.depths[v]) - 1, int(cut.tokens[v])]) for v in path)
+                assert cut.path_logprobs[node] == pytest.approx(expected, abs=1e-5)
+
+
+def test_calibration_learns_the_targets_acceptance_and_stays_monotone():
+    calibration = AcceptanceCalibration(decay=1.0)
+    assert calibration(-0.05) > calibration(-1.0) > calibration(-5.0) > calibration(-20.0) > 0
+    rng = random.Random(1)
+    for _ in range(300):  # an over-confident drafter: a node is accepted with probability Q / 3
+        log_qs = [math.log(rng.uniform(0.01, 1.0)) for _ in range(16)]
+        calibration.update(log_qs, [rng.random() < math.exp(q) / 3 for q in log_qs])
+    table = calibration._table
+    assert table == sorted(table, reverse=True)
+    assert calibration(math.log(0.9)) == pytest.approx(0.9 / 3, abs=0.06)
+    assert calibration(math.log(0.3)) == pytest.approx(0.3 / 3, abs=0.05)
+
+
+def test_a_useless_drafter_falls_back_to_plain_decoding_with_growing_pauses():
+    cost = CycleCost()
+    cost.set_probe([1, 2, 4, 8, 16], [5e-3 * (1 + 0.1 * k) for k in (1, 2, 4, 8, 16)])
+    cost.observe_draft(3e-3)
+    calibration = AcceptanceCalibration(decay=1.0)
+    budget = CostAwareBudget(16, calibration, cost, max_pause=8)
+    pauses = []
+    for _ in range(6):
+        assert budget.should_draft()
+        rule = budget.size_rule()
+        assert not rule(1, math.log(1e-4))  # nothing the drafter proposes is worth a node
+        budget.chose(0)
+        budget.observe([0.0], [0], tree_s=5e-3, rest_s=1e-4)
+        skipped = 0
+        while not budget.should_draft():
+            skipped += 1
+        pauses.append(skipped)
+        budget.paused = 0  # the loop above consumed the pause; the next cycle drafts
+    assert pauses == [1, 2, 4, 8, 8, 8]
+    # a drafter that proposes what the target accepts ends the pauses
+    rule = budget.size_rule()
+    assert rule(1, math.log(0.95)) and rule(2, math.log(0.9))
+    budget.chose(2)
+    assert budget.pause == 0 and budget.should_draft()
+
+
+def test_cost_model_follows_measured_cycles():
+    cost = CycleCost()
+    cost.set_probe([1, 4, 16], [4e-3, 6e-3, 3e-3])  # noise: made non-decreasing
+    assert cost.probe_times == sorted(cost.probe_times)
+    for _ in range(100):  # the machine got twice as slow
+        cost.observe(3, tree_s=2 * cost.tree_shape(4), rest_s=1e-3 + 1e-5 * 3)
+        cost.observe(15, tree_s=2 * cost.tree_shape(16), rest_s=1e-3 + 1e-5 * 15)
+    assert cost.tree(4) == pytest.approx(2 * cost.tree_shape(4), rel=1e-3)
+    assert cost.rest(9) == pytest.approx(1e-3 + 9e-5, rel=1e-3)
