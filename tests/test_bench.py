@@ -48,7 +48,7 @@ STAGE_FIELDS = ("draft_ms", "build_ms", "forward_ms", "verify_ms", "cycle_ms", "
 def tiny_run(tmp_path_factory, kit_drafter):
     """The output folder of one tiny `hf-tev bench` run of every method (shared by the tests that read it)."""
     out = tmp_path_factory.mktemp("tiny_run") / "bench"
-    hf_tev_main(["bench", "--methods", "all", "--drafters", kit_drafter, "--budgets", "4", "--temperatures", "0,1",
+    hf_tev_main(["bench", "--methods", "all", "--drafters", kit_drafter, "--budgets", "4,auto", "--temperatures", "0,1",
                  "--prompt-sets", "humaneval,heldout", "--max-prompts", "1", "--max-new-tokens", "12",
                  "--repeats", "1", "--output", str(out), "--no-progress"])
     return out
@@ -68,7 +68,8 @@ def test_every_method_tiny_run_writes_json_table_and_plot(tiny_run, kit_drafter)
     keys = {(r["method"], r["drafter"], r["budget"], r["temperature"], r["prompt_set"]) for r in records}
     expected = {(m, d, b, t, s) for t in (0.0, 1.0) for s in ("humaneval", "heldout")
                 for m, d, b in [("ar", None, None), ("assisted", None, None), ("prompt_lookup", None, None),
-                                ("dflash_native", kit_drafter, None)] + [(m, kit_drafter, 4) for m in HF_TEV_METHODS]}
+                                ("dflash_native", kit_drafter, None)]
+                + [(m, kit_drafter, b) for m in HF_TEV_METHODS for b in (4, "auto")]}
     assert keys == expected and len(records) == len(expected)
     for r in records:
         assert tuple(r) == RECORD_FIELDS
@@ -90,7 +91,11 @@ def test_every_method_tiny_run_writes_json_table_and_plot(tiny_run, kit_drafter)
             assert r["draft_ms"] + r["build_ms"] + r["forward_ms"] + r["verify_ms"] <= r["cycle_ms"] * 1.01
         else:
             assert all(r[name] is None for name in STAGE_FIELDS), r
-        staged = r["method"] in ("ddtree", "tev") and r["temperature"] > 0
+        staged = r["method"] in ("ddtree", "tev") and r["temperature"] > 0 and r["budget"] != "auto"
+        if r["method"] in HF_TEV_METHODS:  # the chosen sizes are recorded; only auto predicts a block length
+            assert r["tree_size_mean"] is not None and len(r["tree_size_quartiles"]) == 3
+            assert (r["predicted_tau"] is not None) == (r["budget"] == "auto")
+            assert r["budget"] == "auto" or r["tree_size_quartiles"][2] <= 4
         assert (r["verifier_stage_ms"] is not None) == staged
         if staged:
             assert r["verifier_stage_cycles"] > 0

@@ -52,6 +52,10 @@ def _registry_listing() -> str:
     return f"methods:\n{methods}\n\nprompt sets:\n{sets}"
 
 
+def _budget(text: str) -> int | str:
+    return "auto" if text == "auto" else int(text)
+
+
 def build_parser(prog="hf-tev bench") -> argparse.ArgumentParser:
     defaults = {f.name: f.default for f in fields(BenchConfig)}
     parser = argparse.ArgumentParser(prog=prog, description=DESCRIPTION, epilog=_registry_listing(),
@@ -61,7 +65,8 @@ def build_parser(prog="hf-tev bench") -> argparse.ArgumentParser:
                              "always added)")
     parser.add_argument("--drafters", "--drafter", type=_csv, default=None,
                         help=f"kit drafters ({', '.join(KIT_DRAFTERS)}; default: those present) or folders / Hub ids")
-    parser.add_argument("--budgets", type=lambda s: _csv(s, int), default=None, help="default 16,32,64,128")
+    parser.add_argument("--budgets", type=lambda s: _csv(s, _budget), default=None,
+                        help="ints and/or auto (the automatic budget); default auto,4,16,64")
     parser.add_argument("--temperatures", type=lambda s: _csv(s, float), default=None,
                         help="default 0,1 (0: greedy; the paper's Table 3 is at 0.6)")
     parser.add_argument("--top-k", type=int, default=None, help="top-k at T > 0 (default: off)")

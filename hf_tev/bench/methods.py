@@ -77,7 +77,7 @@ def _tev_method(name, description, tree, verifier, **extra):
 
 def _chain_budget(models, drafter, budget):
     """A chain has at most block_size - 1 drafted nodes: larger budgets give the same run."""
-    return min(budget, models.drafters[drafter].config.block_size - 1)
+    return budget if budget == "auto" else min(budget, models.drafters[drafter].config.block_size - 1)
 
 
 register_method(Method("ar", "the target's plain generate", lambda models, drafter, budget: {}))

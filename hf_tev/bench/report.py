@@ -52,9 +52,13 @@ def _rank(method) -> int:  # registry order; a method this registry lacks (a sto
     return list(METHODS).index(method) if method in METHODS else len(METHODS)
 
 
+def _budget_order(budget) -> tuple:  # fixed budgets ascending, then "auto"
+    return (budget == "auto", 0 if budget in (None, "auto") else budget)
+
+
 def _order(key) -> tuple:  # methods in registry order, then drafter and budget
     method, drafter, budget = key
-    return _rank(method), method, drafter or "", budget or 0
+    return _rank(method), method, drafter or "", _budget_order(budget)
 
 
 def _replayed(method) -> tuple[str | None, str]:
@@ -81,9 +85,10 @@ def _sr_tau_table(records, sets, keys, lead) -> list[str]:
 
 
 def _end_to_end(at_t, sets, temperature, budget) -> list[str]:
-    keys = sorted({_key(r) for r in at_t if r["budget"] in (None, budget)}, key=_order)
-    out = ["", f"## End to end, T = {temperature:g}, B = {budget} (Table 1)", ""]
-    out += _sr_tau_table(at_t, sets, keys, lambda k: [k[0], k[1] or "—"])
+    keys = sorted({_key(r) for r in at_t if r["budget"] in (None, budget, "auto")}, key=_order)
+    shown = f"{budget} and auto" if any(k[2] == "auto" for k in keys) and budget != "auto" else budget
+    out = ["", f"## End to end, T = {temperature:g}, B = {shown} (Table 1)", ""]
+    out += _sr_tau_table(at_t, sets, keys, lambda k: [k[0] if k[2] != "auto" else f"{k[0]} (auto)", k[1] or "—"])
     speeds = [f"{_label(dict(method=k[0], drafter=k[1]))} {_mean(_per_set(at_t, k, sets, 'tokens_per_s')):.0f}"
               for k in keys]
     out += ["", "tokens/s (mean over prompt sets): " + ", ".join(speeds)]
@@ -95,11 +100,26 @@ def _end_to_end(at_t, sets, temperature, budget) -> list[str]:
 
 
 def _across_budgets(at_t, sets, temperature) -> list[str]:
-    keys = sorted({_key(r) for r in at_t if r["budget"] is not None}, key=lambda k: (k[2], *_order(k)))
+    keys = sorted({_key(r) for r in at_t if r["budget"] is not None},
+                  key=lambda k: (_budget_order(k[2]), *_order(k)))
     if not keys:
         return []
     out = ["", f"## Across budgets, T = {temperature:g} (Table 5)", ""]
-    return out + _sr_tau_table(at_t, sets, keys, lambda k: [str(k[2]), k[0], k[1]])
+    out += _sr_tau_table(at_t, sets, keys, lambda k: [str(k[2]), k[0], k[1]])
+    auto = [k for k in keys if k[2] == "auto"]
+    if auto:
+        rows = []
+        for key in auto:
+            mine = [r for r in at_t if _key(r) == key]
+            quartiles = " / ".join(f"{q}" for q in mine[0]["tree_size_quartiles"] or [])
+            rows.append([key[0], key[1], _fmt(_mean([r["tree_size_mean"] for r in mine]), ".1f"), quartiles,
+                         _percent(_mean([r["plain_cycle_fraction"] for r in mine])),
+                         _fmt(_mean([r["predicted_tau"] for r in mine])), _fmt(_mean([r["tau"] for r in mine]))])
+        out += ["", "Automatic budget: chosen tree sizes (drafted nodes per cycle; quartiles of the first prompt set), "
+                "cycles without a tree, predicted and realised τ (mean over prompt sets)", ""]
+        out += _table(["method", "drafter", "mean size", "size p25 / p50 / p75", "plain cycles", "predicted τ",
+                       "τ"], rows)
+    return out
 
 
 def _verifier_stage(at_t, sets, temperature) -> list[str]:
@@ -127,7 +147,8 @@ STAGE_COLUMNS = {"draft": "draft_ms", "build": "build_ms", "tree forward": "forw
 
 
 def _cycle_breakdown(at_t, temperature) -> list[str]:
-    keys = sorted({_key(r) for r in at_t if r["cycle_ms"] is not None}, key=lambda k: (k[2], *_order(k)))
+    keys = sorted({_key(r) for r in at_t if r["cycle_ms"] is not None},
+                  key=lambda k: (_budget_order(k[2]), *_order(k)))
     if not keys:
         return []
     rows = []
@@ -144,7 +165,8 @@ def _cycle_breakdown(at_t, temperature) -> list[str]:
 def markdown_report(document: dict) -> str:
     records, settings, machine = document["records"], document["settings"], document["machine"]
     sets = list(dict.fromkeys(r["prompt_set"] for r in records))
-    budget = 64 if 64 in settings["budgets"] else max(settings["budgets"])  # the paper's Table 1 budget
+    fixed = [b for b in settings["budgets"] if b != "auto"]
+    budget = 64 if 64 in fixed else max(fixed) if fixed else "auto"  # the paper's Table 1 budget
     loads = " -> ".join(f"{x:.2f}" for x in machine["load_average"])
     summary = (f"{machine['device_name'] or machine['device']} ({machine['device']}, {machine['dtype']}), "
                f"{machine['cpu_count']} cores, torch threads {machine['torch_threads']}, load average {loads}; torch "
@@ -176,7 +198,7 @@ def plot_report(document: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     records, temperatures = document["records"], document["settings"]["temperatures"]
-    budgets = sorted(document["settings"]["budgets"])
+    budgets = sorted(b for b in document["settings"]["budgets"] if b != "auto")
     drafters = list(dict.fromkeys(r["drafter"] for r in records if r["drafter"] is not None))
     styles = ["-", "--", ":", "-."]
 
@@ -194,7 +216,14 @@ def plot_report(document: dict, path: Path) -> None:
                 if mine[0]["budget"] is None:
                     ax.axhline(statistics.fmean(r[key] for r in mine), linewidth=1, alpha=0.8, **style(mine[0]))
                     continue
+                auto = [r for r in mine if r["budget"] == "auto"]
+                if auto:  # the automatic budget: one level across the fixed budgets, dash-dotted and thick
+                    ax.axhline(statistics.fmean(r[key] for r in auto), linewidth=2.4, alpha=0.9,
+                               **{**style(auto[0]), "linestyle": "-.", "label": _label(auto[0]) + " auto"})
+                    mine = [r for r in mine if r["budget"] != "auto"]
                 xs = [b for b in budgets if any(r["budget"] == b for r in mine)]
+                if not xs:
+                    continue
                 ys = [statistics.fmean(r[key] for r in mine if r["budget"] == b) for b in xs]
                 ax.plot(xs, ys, marker="o", linewidth=1.8, **style(mine[0]))
             ax.set_xscale("log", base=2)

@@ -38,7 +38,8 @@ class BenchConfig:
         methods (`list[str]`, defaults to every method in `METHODS`): `ar` is always added (SR reference).
         drafters (`list[str]`, defaults to the kit drafters present): kit drafter names, or folders / Hub ids of
             DFlash drafters when `target` is given.
-        budgets (`list[int]`, defaults to `[16, 32, 64, 128]`): tree budgets B (drafted nodes, root excluded).
+        budgets (`list[int | str]`, defaults to `["auto", 4, 16, 64]`): tree budgets B (drafted nodes, root excluded),
+            or `"auto"` (the cost-aware automatic budget, `TEVConfig(budget="auto")`).
         temperatures (`list[float]`, defaults to `[0.0, 1.0]`): 0 is greedy; > 0 samples from the target's
             temperature-scaled distribution (the paper's setting), with top-k / top-p / min-p off unless set below.
         top_k (`int`, *optional*), top_p (`float`, *optional*), min_p (`float`, *optional*): truncation at T > 0,
@@ -63,7 +64,7 @@ class BenchConfig:
 
     methods: list[str] = field(default_factory=lambda: list(METHODS))
     drafters: list[str] | None = None
-    budgets: list[int] = field(default_factory=lambda: [16, 32, 64, 128])
+    budgets: list[int | str] = field(default_factory=lambda: ["auto", 4, 16, 64])
     temperatures: list[float] = field(default_factory=lambda: [0.0, 1.0])
     top_k: int | None = None
     top_p: float | None = None
@@ -107,8 +108,9 @@ class BenchConfig:
         needs_drafter = [m for m in self.methods if METHODS[m].uses_drafter]
         if needs_drafter and not self.drafters:
             raise ValueError(f"Methods {needs_drafter} need a drafter: pass --drafters")
-        if any(isinstance(b, bool) or not isinstance(b, int) or b < 0 for b in self.budgets) or not self.budgets:
-            raise ValueError(f"budgets must be non-empty non-negative ints, got {self.budgets}")
+        if not self.budgets or any(b != "auto" and (isinstance(b, bool) or not isinstance(b, int) or b < 0)
+                                   for b in self.budgets):
+            raise ValueError(f'budgets must be non-empty non-negative ints or "auto", got {self.budgets}')
         if not self.temperatures or any(not math.isfinite(t) or t < 0 for t in self.temperatures):
             raise ValueError(f"temperatures must be non-empty finite numbers >= 0, got {self.temperatures}")
         if self.top_k is not None and (isinstance(self.top_k, bool) or not isinstance(self.top_k, int)
@@ -326,7 +328,7 @@ def plan_replays(plan: dict[tuple, Job]) -> dict[tuple, tuple[str, ...]]:
     replays = {}
     for name, drafter, budget in plan:
         verifier = METHODS[name].replay_verifier
-        if verifier is not None:
+        if verifier is not None and budget != "auto":  # the replay times trees of one fixed size
             replays.setdefault((drafter, budget), [REFERENCE_VERIFIER]).append(verifier)
     return {key: tuple(dict.fromkeys(replays[key])) for key in sorted(replays, key=str)}
 
@@ -374,6 +376,7 @@ RECORD_FIELDS = (
     "ar_time_s", "speedup", "tokens_per_s", "greedy_exact", "tokens_sha1", "draft_ms", "build_ms", "forward_ms",
     "verify_ms", "cycle_ms", "model_ms", "overhead_ms", "overhead_fraction", "setup_ms", "prefill_ms",
     "verifier_stage_ms", "verifier_stage_ddtree_ms", "verifier_stage_reduction", "verifier_stage_cycles",
+    "tree_size_mean", "tree_size_quartiles", "plain_cycle_fraction", "predicted_tau",
 )
 
 
@@ -432,8 +435,22 @@ def summarise(job: Job, runs_per_prompt: list[list[Run]], ar_runs: list[list[Run
         if timed else None,
         setup_ms=_median_ms([run.setup_s for run in timed]),
         prefill_ms=_median_ms([run.stats.prefill_time for run in timed]),
+        **tree_size_fields(firsts),
     )
     return fields_
+
+
+def tree_size_fields(runs: list[Run]) -> dict:
+    """The chosen tree sizes (drafted nodes per cycle) of the runs: mean, quartiles, the fraction of cycles
+    without a tree, and the block length the automatic budget predicted (None for fixed budgets)."""
+    sizes = sorted(size for run in runs for size in run.stats.tree_sizes)
+    predicted = [p for run in runs for p in run.stats.predicted_lengths]
+    if not sizes:
+        return {}
+    quartiles = [sizes[min(len(sizes) - 1, int(q * len(sizes)))] for q in (0.25, 0.5, 0.75)]
+    return dict(tree_size_mean=statistics.fmean(sizes), tree_size_quartiles=quartiles,
+                plain_cycle_fraction=sum(size == 0 for size in sizes) / len(sizes),
+                predicted_tau=statistics.fmean(predicted) if predicted else None)
 
 
 def greedy_mismatch(runs_per_prompt, ar_runs) -> str | None:
