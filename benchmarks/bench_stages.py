@@ -25,9 +25,16 @@ from hf_tev.verify import VERIFIERS
 
 def make_pair(vocab, hidden, layers, block_size, seed=0):
     torch.manual_seed(seed)
-    config = Qwen3Config(vocab_size=vocab, hidden_size=hidden, intermediate_size=4 * hidden, num_hidden_layers=layers,
-                         num_attention_heads=hidden // 64, num_key_value_heads=hidden // 64, head_dim=64,
-                         tie_word_embeddings=True)
+    config = Qwen3Config(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=4 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=hidden // 64,
+        num_key_value_heads=hidden // 64,
+        head_dim=64,
+        tie_word_embeddings=True,
+    )
     target = Qwen3ForCausalLM(config).eval()
     target.set_attn_implementation("sdpa")
     drafter = hf_tev.DFlashDraftModel.from_target(target, num_layers=1, block_size=block_size).eval()
@@ -41,12 +48,19 @@ def stage_table(target, drafter, prompt, budgets, max_new_tokens):
     for budget in budgets:
         for verifier in ("predraw", "tev"):
             torch.manual_seed(0)
-            out = target.generate(prompt, do_sample=True, max_new_tokens=max_new_tokens, assistant_model=drafter,
-                                  tev_config=hf_tev.TEVConfig(budget=budget, verifier=verifier),
-                                  return_dict_in_generate=True)
+            out = target.generate(
+                prompt,
+                do_sample=True,
+                max_new_tokens=max_new_tokens,
+                assistant_model=drafter,
+                tev_config=hf_tev.TEVConfig(budget=budget, verifier=verifier),
+                return_dict_in_generate=True,
+            )
             s = out.tev_stats.summary()
-            print(f"| {budget} | {verifier} | {s['tau']:.2f} | {1e3 * s['draft_s']:.2f} | {1e3 * s['build_s']:.2f} "
-                  f"| {1e3 * s['forward_s']:.2f} | {1e3 * s['verify_s']:.3f} |")
+            print(
+                f"| {budget} | {verifier} | {s['tau']:.2f} | {1e3 * s['draft_s']:.2f} | {1e3 * s['build_s']:.2f} "
+                f"| {1e3 * s['forward_s']:.2f} | {1e3 * s['verify_s']:.3f} |"
+            )
 
 
 def main():
@@ -63,19 +77,24 @@ def main():
     budgets = [int(b) for b in args.budgets.split(",")]
     target, drafter = make_pair(args.vocab, args.hidden, args.layers, block_size=16)
     prompt = torch.randint(1, args.vocab, (1, 64), generator=torch.Generator().manual_seed(0))
-    print(f"target: Qwen3 random, vocab {args.vocab}, hidden {args.hidden}, {args.layers} layers; "
-          f"drafter: DFlash 1 layer, block 16; torch threads {args.threads}")
+    print(
+        f"target: Qwen3 random, vocab {args.vocab}, hidden {args.hidden}, {args.layers} layers; "
+        f"drafter: DFlash 1 layer, block 16; torch threads {args.threads}"
+    )
     stage_table(target, drafter, prompt, budgets, args.max_new_tokens)
     print("\n## Verifier stage on the same trees (median ms per cycle; decision + cache commit, T = 1)")
     print("| B | predraw | residual | tev | tev / predraw |")
     print("|---|---|---|---|---|")
     processors = LogitsProcessorList([TemperatureLogitsWarper(1.0)])
     for budget in budgets:
-        times = same_tree_verifier_stage(target, drafter, [prompt], budget, processors, args.cycles_tokens,
-                                         verifiers=tuple(VERIFIERS))
+        times = same_tree_verifier_stage(
+            target, drafter, [prompt], budget, processors, args.cycles_tokens, verifiers=tuple(VERIFIERS)
+        )
         med = {name: statistics.median(t) for name, t in times.items()}
-        print(f"| {budget} | {1e3 * med['predraw']:.3f} | {1e3 * med['residual']:.3f} | {1e3 * med['tev']:.3f} "
-              f"| {med['tev'] / med['predraw']:.2f} |")
+        print(
+            f"| {budget} | {1e3 * med['predraw']:.3f} | {1e3 * med['residual']:.3f} | {1e3 * med['tev']:.3f} "
+            f"| {med['tev'] / med['predraw']:.2f} |"
+        )
 
 
 if __name__ == "__main__":

@@ -58,7 +58,7 @@ def time_methods(cases, runs, device):
             fns[name](*case)
     for run in range(runs):
         case = cases[run % len(cases)]
-        order = names[run % len(names):] + names[:run % len(names)]  # rotate: no method always first
+        order = names[run % len(names) :] + names[: run % len(names)]  # rotate: no method always first
         for name in order:
             synchronize()
             start = time.perf_counter()
@@ -81,17 +81,22 @@ def main():
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
-    print(f"device {device}, torch {torch.__version__}, CPU threads {torch.get_num_threads()}, "
-          f"D = {args.depth}, {args.trees} trees, {args.runs} interleaved runs per method, median us per call\n")
+    print(
+        f"device {device}, torch {torch.__version__}, CPU threads {torch.get_num_threads()}, "
+        f"D = {args.depth}, {args.trees} trees, {args.runs} interleaved runs per method, median us per call\n"
+    )
     print("| V | B | N | tev | predraw | residual | greedy | softmax [N,V] | predraw / tev | residual / tev |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for vocab in map(int, args.vocabs.split(",")):
         for budget in map(int, args.budgets.split(",")):
             cases = make_cases(vocab, budget, args.depth, args.trees, device)
             t = time_methods(cases, args.runs, device)
-            print(f"| {vocab} | {budget} | {budget + 1} | {t['tev']:.0f} | {t['predraw']:.0f} | {t['residual']:.0f} "
-                  f"| {t['greedy']:.0f} | {t['softmax']:.0f} | {t['predraw'] / t['tev']:.1f}x "
-                  f"| {t['residual'] / t['tev']:.1f}x |", flush=True)
+            print(
+                f"| {vocab} | {budget} | {budget + 1} | {t['tev']:.0f} | {t['predraw']:.0f} | {t['residual']:.0f} "
+                f"| {t['greedy']:.0f} | {t['softmax']:.0f} | {t['predraw'] / t['tev']:.1f}x "
+                f"| {t['residual'] / t['tev']:.1f}x |",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

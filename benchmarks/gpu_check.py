@@ -29,10 +29,24 @@ import time
 import torch
 
 SHAPES = {  # name -> Qwen3Config fields (random weights)
-    "qwen3-4b": dict(hidden_size=2560, intermediate_size=9728, num_hidden_layers=36, num_attention_heads=32,
-                     num_key_value_heads=8, head_dim=128, vocab_size=151936),
-    "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                 num_key_value_heads=2, head_dim=16, vocab_size=512),
+    "qwen3-4b": dict(
+        hidden_size=2560,
+        intermediate_size=9728,
+        num_hidden_layers=36,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=128,
+        vocab_size=151936,
+    ),
+    "tiny": dict(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        vocab_size=512,
+    ),
 }
 
 
@@ -44,8 +58,9 @@ def sync(device):
 def random_target(shape: str, device, dtype):
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    config = Qwen3Config(**SHAPES[shape], max_position_embeddings=8192, tie_word_embeddings=False,
-                         attn_implementation="sdpa")
+    config = Qwen3Config(
+        **SHAPES[shape], max_position_embeddings=8192, tie_word_embeddings=False, attn_implementation="sdpa"
+    )
     torch.manual_seed(0)
     with torch.device(device):
         model = Qwen3ForCausalLM(config)
@@ -92,15 +107,29 @@ def decoding_overhead(target, budgets, max_new_tokens: int) -> list[dict]:
     rows = []
     for budget in budgets:
         for _ in range(2):  # the first call warms up (and, for auto, probes the cost curve)
-            out = target.generate(prompt, do_sample=False, max_new_tokens=max_new_tokens, assistant_model=drafter,
-                                  tev_config=TEVConfig(budget=budget), return_dict_in_generate=True)
+            out = target.generate(
+                prompt,
+                do_sample=False,
+                max_new_tokens=max_new_tokens,
+                assistant_model=drafter,
+                tev_config=TEVConfig(budget=budget),
+                return_dict_in_generate=True,
+            )
         stats = out.tev_stats.summary()
         model = stats["draft_s"] + stats["forward_s"]
         own = stats["build_s"] + stats["verify_s"]
-        rows.append(dict(budget=budget, cycles=stats["cycles"], tree_size=stats["tree_size"],
-                         draft_ms=1e3 * stats["draft_s"], build_ms=1e3 * stats["build_s"],
-                         forward_ms=1e3 * stats["forward_s"], verify_ms=1e3 * stats["verify_s"],
-                         overhead_fraction=own / (own + model)))
+        rows.append(
+            dict(
+                budget=budget,
+                cycles=stats["cycles"],
+                tree_size=stats["tree_size"],
+                draft_ms=1e3 * stats["draft_s"],
+                build_ms=1e3 * stats["build_s"],
+                forward_ms=1e3 * stats["forward_s"],
+                verify_ms=1e3 * stats["verify_s"],
+                overhead_fraction=own / (own + model),
+            )
+        )
     return rows
 
 
@@ -126,8 +155,13 @@ def kit_trees(device, prompts: int, max_new_tokens: int, max_budget: int):
     try:
         for text in load_kit_prompts("heldout", prompts):
             ids = tokenizer(text, return_tensors="pt").input_ids.to(device)
-            target.generate(ids, do_sample=False, max_new_tokens=max_new_tokens, assistant_model=drafter,
-                            tev_config=TEVConfig(budget="auto", max_budget=max_budget))
+            target.generate(
+                ids,
+                do_sample=False,
+                max_new_tokens=max_new_tokens,
+                assistant_model=drafter,
+                tev_config=TEVConfig(budget="auto", max_budget=max_budget),
+            )
     finally:
         DFlashTreeCandidateGenerator.build = build
     calibration = next(iter(_CALIBRATIONS[drafter].values()))
@@ -156,11 +190,13 @@ def auto_choice(trees, calibration, curve: dict, draft_s: float, max_budget: int
             fixed[b][0] += 1 + sum(accepted[:b])
             fixed[b][1] += cost.cycle(min(b, len(log_qs) - 1))
     sizes = sorted(chosen)
-    return {"chosen_sizes_quartiles": [sizes[int(q * (len(sizes) - 1))] for q in (0.25, 0.5, 0.75)],
-            "chosen_size_mean": statistics.fmean(chosen),
-            "tokens_per_s_auto": auto_tokens / auto_time,
-            "tokens_per_s_fixed": {b: tokens / seconds for b, (tokens, seconds) in fixed.items()},
-            "tokens_per_s_plain": 1 / cost.cycle(0, drafted=False)}
+    return {
+        "chosen_sizes_quartiles": [sizes[int(q * (len(sizes) - 1))] for q in (0.25, 0.5, 0.75)],
+        "chosen_size_mean": statistics.fmean(chosen),
+        "tokens_per_s_auto": auto_tokens / auto_time,
+        "tokens_per_s_fixed": {b: tokens / seconds for b, (tokens, seconds) in fixed.items()},
+        "tokens_per_s_plain": 1 / cost.cycle(0, drafted=False),
+    }
 
 
 @torch.no_grad()
@@ -176,8 +212,13 @@ def kit_greedy_exact(device, prompts: int, max_new_tokens: int) -> dict:
         expected = target.generate(ids, do_sample=False, max_new_tokens=max_new_tokens)
         for budget in ("auto", 8, 64):
             for verifier in ("tev", "predraw", "residual"):
-                out = target.generate(ids, do_sample=False, max_new_tokens=max_new_tokens, assistant_model=drafter,
-                                      tev_config=TEVConfig(budget=budget, verifier=verifier))
+                out = target.generate(
+                    ids,
+                    do_sample=False,
+                    max_new_tokens=max_new_tokens,
+                    assistant_model=drafter,
+                    tev_config=TEVConfig(budget=budget, verifier=verifier),
+                )
                 key = f"{budget}/{verifier}"
                 results[key] = results.get(key, True) and torch.equal(out, expected)
     return {"all_equal": all(results.values()), "by_setting": results}
@@ -197,8 +238,11 @@ def main(argv=None) -> dict:
     args = parser.parse_args(argv)
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
     started = time.perf_counter()
-    report = {"settings": vars(args), "device_name": torch.cuda.get_device_name(device) if device.type == "cuda"
-              else "cpu", "torch": torch.__version__}
+    report = {
+        "settings": vars(args),
+        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "torch": torch.__version__,
+    }
 
     target = random_target(args.shape, device, dtype)
     report["tree_pass"] = tree_pass_curve(target, args.context, args.max_tokens, args.repeats)
@@ -212,8 +256,10 @@ def main(argv=None) -> dict:
     trees, calibration = kit_trees(device, args.kit_prompts, args.new_tokens, max_budget)
     draft_s = next(row["draft_ms"] for row in report["overhead"] if row["budget"] == "auto") / 1e3
     report["auto_under_this_curve"] = auto_choice(trees, calibration, report["tree_pass"], draft_s, max_budget)
-    cpu_like = {"tokens": report["tree_pass"]["tokens"],
-                "seconds": [report["tree_pass"]["seconds"][0] * k for k in report["tree_pass"]["tokens"]]}
+    cpu_like = {
+        "tokens": report["tree_pass"]["tokens"],
+        "seconds": [report["tree_pass"]["seconds"][0] * k for k in report["tree_pass"]["tokens"]],
+    }
     report["auto_under_a_per_token_curve"] = auto_choice(trees, calibration, cpu_like, draft_s, max_budget)
     report["kit_greedy_exact"] = kit_greedy_exact(device, args.kit_prompts, args.new_tokens)
     report["seconds"] = time.perf_counter() - started
@@ -223,13 +269,19 @@ def main(argv=None) -> dict:
         with open(args.output, "w") as f:
             f.write(text + "\n")
     curve = report["tree_pass"]
-    print("tree pass / one token:", ", ".join(f"{n}: {r:.2f}x" for n, r in zip(curve["tokens"],
-                                                                                 curve["ratio_to_one_token"])))
+    print(
+        "tree pass / one token:",
+        ", ".join(f"{n}: {r:.2f}x" for n, r in zip(curve["tokens"], curve["ratio_to_one_token"])),
+    )
     for row in report["overhead"]:
-        print(f"budget {row['budget']}: tree size {row['tree_size']:.1f}, overhead {100 * row['overhead_fraction']:.1f}%")
+        print(
+            f"budget {row['budget']}: tree size {row['tree_size']:.1f}, overhead {100 * row['overhead_fraction']:.1f}%"
+        )
     auto = report["auto_under_this_curve"]
-    print(f"auto on kit trees: sizes p25/p50/p75 {auto['chosen_sizes_quartiles']}, tokens/s auto "
-          f"{auto['tokens_per_s_auto']:.1f} vs fixed {auto['tokens_per_s_fixed']}")
+    print(
+        f"auto on kit trees: sizes p25/p50/p75 {auto['chosen_sizes_quartiles']}, tokens/s auto "
+        f"{auto['tokens_per_s_auto']:.1f} vs fixed {auto['tokens_per_s_fixed']}"
+    )
     print("kit greedy exact on", args.device, ":", report["kit_greedy_exact"]["all_equal"])
     print(f"done in {report['seconds']:.0f} s")
     return report

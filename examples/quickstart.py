@@ -63,8 +63,9 @@ def main():
         return target.generate(input_ids, **common)
 
     def tev():
-        return target.generate(input_ids, assistant_model=drafter, tev_config=tev_config,
-                               return_dict_in_generate=True, **common)
+        return target.generate(
+            input_ids, assistant_model=drafter, tev_config=tev_config, return_dict_in_generate=True, **common
+        )
 
     plain(), tev()  # warm-up
     plain_times, tev_times = [], []
@@ -75,17 +76,18 @@ def main():
         tev_times.append(seconds)
     median = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
 
-    completion = tokenizer.decode(out.sequences[0, input_ids.shape[1]:], skip_special_tokens=True)
+    completion = tokenizer.decode(out.sequences[0, input_ids.shape[1] :], skip_special_tokens=True)
     print(args.prompt.rstrip() + completion)
     print("-" * 60)
     stats = out.tev_stats
     print(f"target {args.target} | drafter {args.drafter} | budget {args.budget} | T = {args.temperature}")
     print(f"tau (mean output-block length incl. bonus): {stats.tau:.2f} over {stats.num_cycles} cycles")
-    print(f"plain generate {median(plain_times):.3f} s | TEV {median(tev_times):.3f} s | "
-          f"speedup {median(plain_times) / median(tev_times):.2f}x (medians of 3 interleaved runs)")
+    print(
+        f"plain generate {median(plain_times):.3f} s | TEV {median(tev_times):.3f} s | "
+        f"speedup {median(plain_times) / median(tev_times):.2f}x (medians of 3 interleaved runs)"
+    )
     if args.temperature == 0:
-        print(f"greedy tokens identical to the target's own generate: "
-              f"{out.sequences.tolist() == expected.tolist()}")
+        print(f"greedy tokens identical to the target's own generate: {out.sequences.tolist() == expected.tolist()}")
 
 
 if __name__ == "__main__":

@@ -5,8 +5,11 @@ from importlib import import_module
 
 # command -> (module with `main(argv, prog)`, one line of help). Modules load only when their command runs.
 COMMANDS = {
-    "bench": ("hf_tev.bench.cli", "decoding methods side by side: tau, coverage, SR, stage times "
-                                  "(`hf-tev bench report bench.json` re-renders a stored run)"),
+    "bench": (
+        "hf_tev.bench.cli",
+        "decoding methods side by side: tau, coverage, SR, stage times "
+        "(`hf-tev bench report bench.json` re-renders a stored run)",
+    ),
 }
 
 

@@ -63,8 +63,10 @@ class AcceptanceCalibration:
         self.hits = [0.0] * buckets
         self.counts = [0.0] * buckets
         # Prior: the geometric middle of each bucket (the last one, down to -inf, at e^-12).
-        self.prior = [math.exp((hi + (lo if math.isfinite(lo) else -12.0)) / 2)
-                      for hi, lo in zip(LOG_Q_EDGES[:-1], LOG_Q_EDGES[1:], strict=True)]
+        self.prior = [
+            math.exp((hi + (lo if math.isfinite(lo) else -12.0)) / 2)
+            for hi, lo in zip(LOG_Q_EDGES[:-1], LOG_Q_EDGES[1:], strict=True)
+        ]
         self._table = list(self.prior)
         self._negated_edges = [-edge for edge in LOG_Q_EDGES[1:-1]]  # ascending, for bisect
 
@@ -90,8 +92,10 @@ class AcceptanceCalibration:
     def _monotone_table(self) -> list[float]:
         """Per-bucket estimates (prior-smoothed), non-increasing from bucket 0 (high Q) to the last."""
         weights = [count + self.prior_weight for count in self.counts]
-        rates = [(hit + self.prior_weight * prior) / weight
-                 for hit, prior, weight in zip(self.hits, self.prior, weights, strict=True)]
+        rates = [
+            (hit + self.prior_weight * prior) / weight
+            for hit, prior, weight in zip(self.hits, self.prior, weights, strict=True)
+        ]
         return isotonic(rates, weights, increasing=False)
 
 

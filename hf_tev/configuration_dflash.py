@@ -38,11 +38,23 @@ NEUTRAL_VARIANT_FIELDS: dict[str, tuple] = {
 
 # Extra (non-field) top-level keys that carry no computation: metadata and legacy spellings that
 # transformers itself converts (`rope_theta` / `rope_scaling` -> `rope_parameters`, `torch_dtype` -> `dtype`).
-BENIGN_EXTRA_KEYS = frozenset({
-    "auto_map", "transformers_version", "torch_dtype", "rope_theta", "rope_scaling", "name_or_path",
-    "_name_or_path", "_commit_hash", "attn_implementation", "experts_implementation", "output_attentions",
-    "num_labels", "model_type",
-})
+BENIGN_EXTRA_KEYS = frozenset(
+    {
+        "auto_map",
+        "transformers_version",
+        "torch_dtype",
+        "rope_theta",
+        "rope_scaling",
+        "name_or_path",
+        "_name_or_path",
+        "_commit_hash",
+        "attn_implementation",
+        "experts_implementation",
+        "output_attentions",
+        "num_labels",
+        "model_type",
+    }
+)
 
 
 def default_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]:
@@ -121,12 +133,17 @@ def _legacy_rope_fields(rope_parameters: dict | None) -> dict[str, Any]:
 
 def _refuse_unsupported(config: DFlashConfig, extra: dict[str, Any]) -> None:
     """Raise ValueError naming every field whose value this implementation does not compute."""
-    def unsupported(items, understood, prefix=""):
-        return [f"{prefix}{key}={value!r}" for key, value in items
-                if key not in understood and value not in NEUTRAL_VARIANT_FIELDS.get(key, ())]
 
-    problems = (unsupported((config.dflash_config or {}).items(), DFLASH_KEYS, "dflash_config.")
-                + unsupported(extra.items(), BENIGN_EXTRA_KEYS))
+    def unsupported(items, understood, prefix=""):
+        return [
+            f"{prefix}{key}={value!r}"
+            for key, value in items
+            if key not in understood and value not in NEUTRAL_VARIANT_FIELDS.get(key, ())
+        ]
+
+    problems = unsupported((config.dflash_config or {}).items(), DFLASH_KEYS, "dflash_config.") + unsupported(
+        extra.items(), BENIGN_EXTRA_KEYS
+    )
     if problems:
         raise ValueError(
             "DFlash drafter config has fields hf_tev does not support (a DFlash variant this implementation "
@@ -138,8 +155,10 @@ def _check_values(config: DFlashConfig) -> None:
     """Values of known fields that hf_tev cannot honour (called after Qwen3's own normalisation)."""
     problems = []
     if config.use_sliding_window or any(t != "full_attention" for t in config.layer_types):
-        problems.append(f"sliding-window draft layers (use_sliding_window={config.use_sliding_window}, "
-                        f"layer_types={config.layer_types}) are not supported")
+        problems.append(
+            f"sliding-window draft layers (use_sliding_window={config.use_sliding_window}, "
+            f"layer_types={config.layer_types}) are not supported"
+        )
     if not isinstance(config.block_size, int) or config.block_size < 2:
         problems.append(f"block_size={config.block_size!r} must be an int >= 2")
     ids = config.target_layer_ids

@@ -97,8 +97,13 @@ def expected_block_length(tree: DraftTree, probs: torch.Tensor) -> torch.Tensor:
     return P.sum()
 
 
-def tree_loss(logits: torch.Tensor, depths: torch.Tensor, tokens: torch.Tensor, weights: torch.Tensor,
-              normalization: str = "nodes") -> torch.Tensor:
+def tree_loss(
+    logits: torch.Tensor,
+    depths: torch.Tensor,
+    tokens: torch.Tensor,
+    weights: torch.Tensor,
+    normalization: str = "nodes",
+) -> torch.Tensor:
     """Weighted drafter NLL of the tree nodes: `sum_trees sum_v weight(v) * -log q_{depth v}(x_v)`, normalised.
 
     `normalization="nodes"` (SPEC section 6, the authors' released code): divided by the total number of
@@ -136,7 +141,9 @@ def tree_loss(logits: torch.Tensor, depths: torch.Tensor, tokens: torch.Tensor, 
     return (per_tree / total.clamp_min(1e-30) * has_weight).sum() / has_weight.sum().clamp_min(1)
 
 
-def dflash_loss(logits: torch.Tensor, labels: torch.Tensor, label_mask: torch.Tensor, gamma: float = 7.0) -> torch.Tensor:
+def dflash_loss(
+    logits: torch.Tensor, labels: torch.Tensor, label_mask: torch.Tensor, gamma: float = 7.0
+) -> torch.Tensor:
     """The standard DFlash objective: cross-entropy of `q_k` against `x_{a+k}`, weighted `exp(-(k-1)/gamma)`.
 
     Args:
@@ -173,11 +180,22 @@ class ExitLoss(NamedTuple):
     tree_block_length: torch.Tensor | None  # mean over the trees of 1 + C (unfloored flow); None without trees
 
 
-def exittrain_loss(block_logits: torch.Tensor, labels: torch.Tensor, label_mask: torch.Tensor,
-                   trees: Sequence[DraftTree] = (), tree_blocks: Sequence[int] = (),
-                   tree_probs: Sequence[torch.Tensor] = (), objective: str = "exit", *, ce_weight: float = 1.0,
-                   tree_weight: float = 0.1, alpha: float = 1e-4, gamma: float = 7.0, ce_decay: bool | None = None,
-                   tree_normalization: str = "nodes") -> ExitLoss:
+def exittrain_loss(
+    block_logits: torch.Tensor,
+    labels: torch.Tensor,
+    label_mask: torch.Tensor,
+    trees: Sequence[DraftTree] = (),
+    tree_blocks: Sequence[int] = (),
+    tree_probs: Sequence[torch.Tensor] = (),
+    objective: str = "exit",
+    *,
+    ce_weight: float = 1.0,
+    tree_weight: float = 0.1,
+    alpha: float = 1e-4,
+    gamma: float = 7.0,
+    ce_decay: bool | None = None,
+    tree_normalization: str = "nodes",
+) -> ExitLoss:
     """The ExitTrain objective of a batch of drafted blocks and their inference-time trees (SPEC section 6).
 
     `loss = ce_weight * CE + tree_weight * tree`, with CE the cross-entropy of every supervised block
@@ -200,8 +218,13 @@ def exittrain_loss(block_logits: torch.Tensor, labels: torch.Tensor, label_mask:
     if objective == "dflash" or not trees:
         return ExitLoss(ce_weight * ce, ce, None, None)
     weights = [node_weights(tree, probs, objective, alpha) for tree, probs in zip(trees, tree_probs)]
-    tree = tree_loss(block_logits[list(tree_blocks)], _pad([t.depths for t in trees]), _pad([t.tokens for t in trees]),
-                     _pad(weights), tree_normalization)
+    tree = tree_loss(
+        block_logits[list(tree_blocks)],
+        _pad([t.depths for t in trees]),
+        _pad([t.tokens for t in trees]),
+        _pad(weights),
+        tree_normalization,
+    )
     block_length = torch.stack([expected_block_length(t, probs) for t, probs in zip(trees, tree_probs)]).mean()
     return ExitLoss(ce_weight * ce + tree_weight * tree, ce, tree, block_length)
 

@@ -134,8 +134,13 @@ def prefill(model, drafter, input_ids, cache, attention_mask=None, position_ids=
         (`None` without padding).
     """
     out = model(
-        input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, cache=cache,
-        output_hidden_states=drafter.target_hidden_indices, logits_to_keep=1, use_cache=True,
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=position_ids,
+        cache=cache,
+        output_hidden_states=drafter.target_hidden_indices,
+        logits_to_keep=1,
+        use_cache=True,
     )
     features = drafter.context_features(out.hidden_states)  # [1, n, k * H]
     if position_ids is None:
@@ -154,8 +159,13 @@ def tree_forward(model, tree: DraftTree, cache, mask: torch.Tensor, position_ids
     Returns the model output: `logits` `[1, N, V]` of every node and the `hidden_states` the drafter reads.
     """
     return model(
-        input_ids=tree.tokens[None], position_ids=position_ids, attention_mask=mask, cache=cache,
-        output_hidden_states=hidden_indices, logits_to_keep=0, use_cache=True,
+        input_ids=tree.tokens[None],
+        position_ids=position_ids,
+        attention_mask=mask,
+        cache=cache,
+        output_hidden_states=hidden_indices,
+        logits_to_keep=0,
+        use_cache=True,
     )
 
 
@@ -251,8 +261,9 @@ def automatic_budget(model, drafter, tev_config: TEVConfig, generation_config) -
     return CostAwareBudget(tev_config.max_budget, calibration, cost)
 
 
-def probe_tree_costs(model, cache, tree_inputs: TreeInputs, root, first_position: int, hidden_indices,
-                     max_tokens: int, repeats: int = 2) -> tuple[list[int], list[float]]:
+def probe_tree_costs(
+    model, cache, tree_inputs: TreeInputs, root, first_position: int, hidden_indices, max_tokens: int, repeats: int = 2
+) -> tuple[list[int], list[float]]:
     """Seconds of target tree passes over 1, 2, 4, ... `max_tokens` tokens at the current context (the best of
     `repeats`), the cache left as it was. The automatic budget's shape of t_tree; run once per target,
     device, dtype and thread count."""
@@ -451,8 +462,11 @@ def tree_speculative_decode(
     stop = first_stop(stopping_criteria, sequence, sequence.shape[1] - 1, outputs.last_scores)
     auto = automatic_budget(model, drafter, tev_config, generation_config) if tev_config.is_auto else None
     if auto is not None and not auto.cost.probed and stop is None:
-        auto.cost.set_probe(*probe_tree_costs(model, cache, tree_inputs, root, next_position,
-                                              drafter.target_hidden_indices, tev_config.max_budget + 1))
+        auto.cost.set_probe(
+            *probe_tree_costs(
+                model, cache, tree_inputs, root, next_position, drafter.target_hidden_indices, tev_config.max_budget + 1
+            )
+        )
     stats.prefill_time = clock.lap()
 
     while stop is None:

@@ -76,8 +76,13 @@ class DFlashAttention(Qwen3Attention):
             self.config._attn_implementation, eager_attention_forward
         )
         attn_output, _ = attention_interface(
-            self, query, key, value, attention_mask,
-            dropout=0.0 if not self.training else self.attention_dropout, scaling=self.scaling,
+            self,
+            query,
+            key,
+            value,
+            attention_mask,
+            dropout=0.0 if not self.training else self.attention_dropout,
+            scaling=self.scaling,
         )
         return self.o_proj(attn_output.reshape(batch, block_len, -1))
 
@@ -112,8 +117,10 @@ class DFlashDraftModel(PreTrainedModel):
     def __init__(self, config: DFlashConfig):
         super().__init__(config)
         if config.target_layer_ids is None:
-            raise ValueError("DFlash drafter config has no target_layer_ids: set dflash_config.target_layer_ids "
-                             "or num_target_layers (for the default rule)")
+            raise ValueError(
+                "DFlash drafter config has no target_layer_ids: set dflash_config.target_layer_ids "
+                "or num_target_layers (for the default rule)"
+            )
         self.layers = nn.ModuleList(DFlashDecoderLayer(config, i) for i in range(config.num_hidden_layers))
         self.norm = Qwen3RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.rotary_emb = Qwen3RotaryEmbedding(config)
@@ -155,8 +162,10 @@ class DFlashDraftModel(PreTrainedModel):
         block_len = noise_embeds.shape[1]
         context = self.hidden_norm(self.fc(context_hidden_states))  # [B, c, H]
         if position_ids.shape[-1] != context.shape[1] + block_len:
-            raise ValueError(f"position_ids cover {position_ids.shape[-1]} rows, expected context "
-                             f"{context.shape[1]} + block {block_len}")
+            raise ValueError(
+                f"position_ids cover {position_ids.shape[-1]} rows, expected context "
+                f"{context.shape[1]} + block {block_len}"
+            )
         past = cache.get_seq_length() if cache is not None else 0
         mask = _attention_bias(attention_mask, block_len, past + context.shape[1] + block_len, noise_embeds.dtype)
         position_embeddings = self.rotary_emb(noise_embeds, position_ids)
@@ -185,8 +194,9 @@ class DFlashDraftModel(PreTrainedModel):
         """The cache `draft_logits` keeps context K/V in (one per generation)."""
         return DynamicCache(config=self.config)
 
-    def draft_logits(self, target, context_hidden_states, block_ids, position_ids, cache=None,
-                     num_depths: int | None = None) -> torch.Tensor:
+    def draft_logits(
+        self, target, context_hidden_states, block_ids, position_ids, cache=None, num_depths: int | None = None
+    ) -> torch.Tensor:
         """Draft marginals of one block: `[B, L - 1, V]` logits q_1..q_D from the target's LM head.
 
         Args:
@@ -199,14 +209,17 @@ class DFlashDraftModel(PreTrainedModel):
                 still drafted whole, so these rows are the same as without it.
         """
         depths = block_ids.shape[1] - 1
-        if num_depths is not None and (isinstance(num_depths, bool) or not isinstance(num_depths, int)
-                                       or not 0 <= num_depths <= depths):
-            raise ValueError(f"num_depths must be an int in [0, {depths}] (the block's drafted depths), got {num_depths!r}")
+        if num_depths is not None and (
+            isinstance(num_depths, bool) or not isinstance(num_depths, int) or not 0 <= num_depths <= depths
+        ):
+            raise ValueError(
+                f"num_depths must be an int in [0, {depths}] (the block's drafted depths), got {num_depths!r}"
+            )
         noise_embeds = target.get_input_embeddings()(block_ids)  # [B, L, H]
         block_rows = self(noise_embeds, context_hidden_states, position_ids, cache=cache).last_hidden_state
         if cache is not None:
             cache.crop(-block_ids.shape[1])  # a view: only context K/V remain, no copy
-        return target.get_output_embeddings()(block_rows[:, 1:1 + (depths if num_depths is None else num_depths)])
+        return target.get_output_embeddings()(block_rows[:, 1 : 1 + (depths if num_depths is None else num_depths)])
 
     def check_target(self, target) -> None:
         """Raise ValueError naming every way this drafter does not fit `target`."""
@@ -224,24 +237,35 @@ class DFlashDraftModel(PreTrainedModel):
         if cfg.mask_token_id is None:
             problems.append("mask_token_id is not set")
         elif not 0 <= cfg.mask_token_id < embeddings.weight.shape[0]:
-            problems.append(f"mask_token_id {cfg.mask_token_id} outside the target's "
-                            f"{embeddings.weight.shape[0]} embeddings")
+            problems.append(
+                f"mask_token_id {cfg.mask_token_id} outside the target's {embeddings.weight.shape[0]} embeddings"
+            )
         if cfg.num_target_layers is not None and cfg.num_target_layers != text_config.num_hidden_layers:
-            problems.append(f"layers: drafter built for {cfg.num_target_layers} target layers, target has "
-                            f"{text_config.num_hidden_layers}")
+            problems.append(
+                f"layers: drafter built for {cfg.num_target_layers} target layers, target has "
+                f"{text_config.num_hidden_layers}"
+            )
         if not cfg.target_layer_ids or min(cfg.target_layer_ids) < 0:
             problems.append(f"target_layer_ids {cfg.target_layer_ids} must be a non-empty list of layer indices >= 0")
         elif max(cfg.target_layer_ids) >= text_config.num_hidden_layers:
-            problems.append(f"target_layer_ids {cfg.target_layer_ids} reach past the target's "
-                            f"{text_config.num_hidden_layers} layers")
+            problems.append(
+                f"target_layer_ids {cfg.target_layer_ids} reach past the target's "
+                f"{text_config.num_hidden_layers} layers"
+            )
         if problems:
             raise ValueError("DFlash drafter does not fit the target: " + "; ".join(problems))
 
     # ------------------------------------------------------------- construction
 
     @classmethod
-    def from_target(cls, target, num_layers: int = 1, block_size: int = 16, mask_token_id: int | None = None,
-                    target_layer_ids: list[int] | None = None):
+    def from_target(
+        cls,
+        target,
+        num_layers: int = 1,
+        block_size: int = 16,
+        mask_token_id: int | None = None,
+        target_layer_ids: list[int] | None = None,
+    ):
         """A freshly initialised drafter sized for `target` (same dtype and device, eval mode like
         `from_pretrained`).
 
@@ -268,8 +292,11 @@ class DFlashDraftModel(PreTrainedModel):
             pad_token_id=tc.pad_token_id,
             block_size=block_size,
             num_target_layers=tc.num_hidden_layers,
-            target_layer_ids=(default_target_layer_ids(tc.num_hidden_layers, num_layers) if target_layer_ids is None
-                              else [int(i) for i in target_layer_ids]),
+            target_layer_ids=(
+                default_target_layer_ids(tc.num_hidden_layers, num_layers)
+                if target_layer_ids is None
+                else [int(i) for i in target_layer_ids]
+            ),
             mask_token_id=default_mask_token_id(tc) if mask_token_id is None else mask_token_id,
         )
         drafter = cls._from_config(config, dtype=target.dtype).to(target.device)
@@ -285,20 +312,27 @@ class DFlashDraftModel(PreTrainedModel):
         _require_safetensors(pretrained_model_name_or_path, kwargs)
         want_info = kwargs.pop("output_loading_info", False)
         kwargs.update(use_safetensors=True, ignore_mismatched_sizes=True)  # mismatches are reported below
-        model, info = super().from_pretrained(pretrained_model_name_or_path, *model_args,
-                                              output_loading_info=True, **kwargs)
+        model, info = super().from_pretrained(
+            pretrained_model_name_or_path, *model_args, output_loading_info=True, **kwargs
+        )
         problems = []
         if info["missing_keys"]:
             problems.append(f"missing weights {sorted(info['missing_keys'])}")
         if info["unexpected_keys"]:
             problems.append(f"unexpected weights {sorted(info['unexpected_keys'])}")
         if info["mismatched_keys"]:
-            problems.append("weights of the wrong shape " + ", ".join(
-                f"{name} (checkpoint {tuple(ckpt)}, model {tuple(ours)})"
-                for name, ckpt, ours in sorted(info["mismatched_keys"])))
+            problems.append(
+                "weights of the wrong shape "
+                + ", ".join(
+                    f"{name} (checkpoint {tuple(ckpt)}, model {tuple(ours)})"
+                    for name, ckpt, ours in sorted(info["mismatched_keys"])
+                )
+            )
         if problems:
-            raise ValueError(f"{pretrained_model_name_or_path} is not a DFlash drafter checkpoint this config "
-                             "describes: " + "; ".join(problems))
+            raise ValueError(
+                f"{pretrained_model_name_or_path} is not a DFlash drafter checkpoint this config "
+                "describes: " + "; ".join(problems)
+            )
         return (model, info) if want_info else model
 
 
@@ -320,20 +354,23 @@ def _attention_bias(attention_mask, block_len: int, kv_len: int, dtype) -> torch
         return None
     if attention_mask.dim() == 2:  # padding mask over cached + new context + block, 1 = visible
         if attention_mask.shape[-1] != kv_len:
-            raise ValueError(f"2D attention_mask has {attention_mask.shape[-1]} columns, expected cached + context "
-                             f"+ block = {kv_len}")
+            raise ValueError(
+                f"2D attention_mask has {attention_mask.shape[-1]} columns, expected cached + context "
+                f"+ block = {kv_len}"
+            )
         visible = attention_mask[:, None, None, :].bool()
     elif attention_mask.dim() == 4:
         if tuple(attention_mask.shape[-2:]) != (block_len, kv_len):
-            raise ValueError(f"4D attention_mask has shape {tuple(attention_mask.shape)}, expected "
-                             f"[B, 1, {block_len}, {kv_len}] (block queries x cached + context + block keys)")
+            raise ValueError(
+                f"4D attention_mask has shape {tuple(attention_mask.shape)}, expected "
+                f"[B, 1, {block_len}, {kv_len}] (block queries x cached + context + block keys)"
+            )
         if attention_mask.dtype != torch.bool:
             return attention_mask.to(dtype)
         visible = attention_mask
     else:
         raise ValueError(f"attention_mask must be 2D or 4D, got shape {tuple(attention_mask.shape)}")
-    return torch.zeros(visible.shape, dtype=dtype, device=visible.device).masked_fill_(
-        ~visible, torch.finfo(dtype).min)
+    return torch.zeros(visible.shape, dtype=dtype, device=visible.device).masked_fill_(~visible, torch.finfo(dtype).min)
 
 
 def _require_safetensors(path, kwargs) -> None:
@@ -350,19 +387,34 @@ def _require_safetensors(path, kwargs) -> None:
             return
         files = os.listdir(folder) if os.path.isdir(folder) else []
         pickles = sorted(f for f in files if f.endswith(PICKLE_WEIGHTS_SUFFIXES))
-        raise ValueError(f"{folder} has no model.safetensors; DFlashDraftModel loads safetensors weights only and "
-                         f"refuses pickle weights{' (found ' + ', '.join(pickles) + ')' if pickles else ''}. "
-                         "Convert them with safetensors first.")
-    hub_kwargs = {k: kwargs[k] for k in ("revision", "token", "cache_dir", "local_files_only", "subfolder",
-                                          "force_download", "proxies") if k in kwargs}
+        raise ValueError(
+            f"{folder} has no model.safetensors; DFlashDraftModel loads safetensors weights only and "
+            f"refuses pickle weights{' (found ' + ', '.join(pickles) + ')' if pickles else ''}. "
+            "Convert them with safetensors first."
+        )
+    hub_kwargs = {
+        k: kwargs[k]
+        for k in ("revision", "token", "cache_dir", "local_files_only", "subfolder", "force_download", "proxies")
+        if k in kwargs
+    }
 
     def exists(name):
-        return cached_file(path, name, _raise_exceptions_for_missing_entries=False,
-                           _raise_exceptions_for_gated_repo=False, **hub_kwargs) is not None
+        return (
+            cached_file(
+                path,
+                name,
+                _raise_exceptions_for_missing_entries=False,
+                _raise_exceptions_for_gated_repo=False,
+                **hub_kwargs,
+            )
+            is not None
+        )
 
     if any(exists(name) for name in SAFE_WEIGHTS_NAMES):
         return
     if not exists("config.json"):
         raise OSError(f"{path}: no DFlash checkpoint found (no config.json locally, in the cache or on the Hub)")
-    raise ValueError(f"{path} has no model.safetensors (or index); DFlashDraftModel loads safetensors weights "
-                     "only and refuses pickle weights such as pytorch_model.bin")
+    raise ValueError(
+        f"{path} has no model.safetensors (or index); DFlashDraftModel loads safetensors weights "
+        "only and refuses pickle weights such as pytorch_model.bin"
+    )

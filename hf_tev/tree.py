@@ -72,11 +72,15 @@ class DraftTree:
         for name in ("tokens", "depths", "parents"):
             value = getattr(self, name)
             if value.dtype != torch.long or value.shape != (num_nodes,) or num_nodes < 1:
-                raise ValueError(f"DraftTree.{name} must be a LongTensor of shape [N] (N >= 1, the root first), "
-                                 f"got {value.dtype} of shape {tuple(value.shape)}")
+                raise ValueError(
+                    f"DraftTree.{name} must be a LongTensor of shape [N] (N >= 1, the root first), "
+                    f"got {value.dtype} of shape {tuple(value.shape)}"
+                )
         if self.visibility.dtype != torch.bool or self.visibility.shape != (num_nodes, num_nodes):
-            raise ValueError(f"DraftTree.visibility must be a BoolTensor of shape [N, N] = [{num_nodes}, {num_nodes}], "
-                             f"got {self.visibility.dtype} of shape {tuple(self.visibility.shape)}")
+            raise ValueError(
+                f"DraftTree.visibility must be a BoolTensor of shape [N, N] = [{num_nodes}, {num_nodes}], "
+                f"got {self.visibility.dtype} of shape {tuple(self.visibility.shape)}"
+            )
 
     @property
     def num_nodes(self) -> int:
@@ -131,8 +135,10 @@ def _root_tensor(root_token, device) -> torch.LongTensor:
     """root_token (int or one-element integer tensor) -> LongTensor [1] on `device`, without a host sync."""
     if isinstance(root_token, torch.Tensor):
         if root_token.numel() != 1 or root_token.is_floating_point() or root_token.dtype == torch.bool:
-            raise ValueError(f"root_token must be one integer token id, got a {root_token.dtype} tensor "
-                             f"of shape {tuple(root_token.shape)}")
+            raise ValueError(
+                f"root_token must be one integer token id, got a {root_token.dtype} tensor "
+                f"of shape {tuple(root_token.shape)}"
+            )
         return root_token.reshape(1).to(device=device, dtype=torch.long)
     if isinstance(root_token, bool) or not isinstance(root_token, int):
         raise TypeError(f"root_token must be an int or a one-element integer tensor, got {type(root_token).__name__}")
@@ -196,9 +202,11 @@ def build_tree(draft_logprobs: torch.Tensor, budget: int, root_token, size_rule=
     values, ids, row_max = _ranked_topk(draft_logprobs, k)
     host = torch.cat([values.double(), ids.double(), row_max.double()[:, None]], dim=1).cpu()  # [D, 2k + 1]
     if not (host[:, -1] <= 0).all():  # a positive maximum or a NaN
-        raise ValueError("draft_logprobs must be log-probabilities (<= 0, no NaN; -inf allowed): "
-                         "pass log_softmax of the drafter logits")
-    values, ids = host[:, :k].tolist(), host[:, k:2 * k].long().tolist()  # [D][k] floats / ints
+        raise ValueError(
+            "draft_logprobs must be log-probabilities (<= 0, no NaN; -inf allowed): "
+            "pass log_softmax of the drafter logits"
+        )
+    values, ids = host[:, :k].tolist(), host[:, k : 2 * k].long().tolist()  # [D][k] floats / ints
 
     # 2. Best-first search over (depth, rank) moves. Heap entry: (-score, depth, ranks, parent node,
     # parent score); (depth, ranks) is unique per path, so the entries after it are never compared.
@@ -234,8 +242,9 @@ def _tree_lists(parents: list[int], tokens: list[int]) -> TreeLists:
     return TreeLists(parents, children, tokens, [node for node, kids in enumerate(children) if kids])
 
 
-def _tree_from_lists(root: torch.LongTensor, tokens: list, depths: list, parents: list,
-                     ancestors: list, scores: list) -> DraftTree:
+def _tree_from_lists(
+    root: torch.LongTensor, tokens: list, depths: list, parents: list, ancestors: list, scores: list
+) -> DraftTree:
     """Assemble a DraftTree from the builder's host lists (drafted nodes only; root prepended)."""
     device = root.device
     num_nodes = len(tokens) + 1
@@ -248,9 +257,17 @@ def _tree_from_lists(root: torch.LongTensor, tokens: list, depths: list, parents
     visibility = torch.zeros(num_nodes, num_nodes, dtype=torch.bool)
     visibility[rows, cols] = True
     internal = torch.tensor(lists.internal, dtype=torch.long).to(device)
-    return DraftTree(tokens=torch.cat([root, structure[2, 1:]]), depths=structure[0], parents=structure[1],
-                     visibility=visibility.to(device), _max_depth=max(depths, default=0), _internal_nodes=internal,
-                     _lists=lists, _parent_rows=structure[3, 1:], _path_logprobs=scores)
+    return DraftTree(
+        tokens=torch.cat([root, structure[2, 1:]]),
+        depths=structure[0],
+        parents=structure[1],
+        visibility=visibility.to(device),
+        _max_depth=max(depths, default=0),
+        _internal_nodes=internal,
+        _lists=lists,
+        _parent_rows=structure[3, 1:],
+        _path_logprobs=scores,
+    )
 
 
 def chain_tree(draft_logprobs: torch.Tensor, budget: int, root_token, size_rule=None) -> DraftTree:

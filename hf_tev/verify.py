@@ -34,8 +34,9 @@ from .tree import DraftTree, TreeLists
 # Random draws (sync-free on accelerators)
 
 
-def _sample(weights: torch.Tensor, generator: torch.Generator | None = None, uniform: float | None = None
-            ) -> torch.LongTensor:
+def _sample(
+    weights: torch.Tensor, generator: torch.Generator | None = None, uniform: float | None = None
+) -> torch.LongTensor:
     """One categorical draw per row of non-negative (unnormalised) weights, by inverse CDF.
 
     With x = u * total, u ~ U(0, 1], the draw is the first index whose cumulative weight is >= x:
@@ -81,8 +82,7 @@ def _check_rows(tree: DraftTree, rows: torch.Tensor, name: str) -> None:
     if not rows.is_floating_point():
         raise TypeError(f"{name} must be a floating tensor, got dtype {rows.dtype}")
     if rows.dim() != 2 or rows.shape[0] != tree.num_nodes:
-        raise ValueError(f"{name} must have shape [N, V] with N = {tree.num_nodes} tree nodes, "
-                         f"got {tuple(rows.shape)}")
+        raise ValueError(f"{name} must have shape [N, V] with N = {tree.num_nodes} tree nodes, got {tuple(rows.shape)}")
 
 
 def _flow_dtype(scores: torch.Tensor) -> torch.dtype:
@@ -128,7 +128,9 @@ def _residual(tree: DraftTree, row: torch.Tensor, node: int, residual_mass: floa
     return torch.where(residual.sum() > 0, residual, row)
 
 
-def _to_host(values: torch.Tensor, generator: torch.Generator | None, draws: int = 1) -> tuple[list[float], list[float]]:
+def _to_host(
+    values: torch.Tensor, generator: torch.Generator | None, draws: int = 1
+) -> tuple[list[float], list[float]]:
     """values [n] and `draws` fresh uniforms, in one device-to-host copy."""
     uniform = torch.rand(draws, generator=generator, dtype=torch.float64, device=values.device)
     if values.device.type == "cpu":  # nothing to batch: two list conversions are cheaper than a cat
@@ -163,8 +165,10 @@ def edge_flow(tree: DraftTree, edge: torch.Tensor) -> tuple[torch.Tensor, torch.
     """(P, E) on the device from the edge probabilities p_{parent(c)}(tok c) `[N-1]` (any dtype, differentiable);
     see `target_flow`. ExitTrain's loss weights use it with floored edges."""
     if not isinstance(edge, torch.Tensor) or edge.shape != (tree.num_nodes - 1,):
-        raise ValueError(f"edge must be a tensor of shape [N - 1] = [{tree.num_nodes - 1}] (one per non-root node), "
-                         f"got {getattr(edge, 'shape', type(edge).__name__)}")
+        raise ValueError(
+            f"edge must be a tensor of shape [N - 1] = [{tree.num_nodes - 1}] (one per non-root node), "
+            f"got {getattr(edge, 'shape', type(edge).__name__)}"
+        )
     # P(u) = product of the edge probabilities on root..u: the ancestor rows of the visibility
     # matrix select them, every level at once. [N, N], tiny next to a vocabulary row.
     # (Column 0, the root, has no edge.)

@@ -40,17 +40,51 @@ def kit_drafter():
 
 
 HF_TEV_METHODS = ("chain", "ddtree", "tev")
-STAGE_FIELDS = ("draft_ms", "build_ms", "forward_ms", "verify_ms", "cycle_ms", "model_ms", "overhead_ms",
-                "overhead_fraction", "setup_ms", "prefill_ms", "cycles", "coverage", "coverage_z")
+STAGE_FIELDS = (
+    "draft_ms",
+    "build_ms",
+    "forward_ms",
+    "verify_ms",
+    "cycle_ms",
+    "model_ms",
+    "overhead_ms",
+    "overhead_fraction",
+    "setup_ms",
+    "prefill_ms",
+    "cycles",
+    "coverage",
+    "coverage_z",
+)
 
 
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory, kit_drafter):
     """The output folder of one tiny `hf-tev bench` run of every method (shared by the tests that read it)."""
     out = tmp_path_factory.mktemp("tiny_run") / "bench"
-    hf_tev_main(["bench", "--methods", "all", "--drafters", kit_drafter, "--budgets", "4,auto", "--temperatures", "0,1",
-                 "--prompt-sets", "humaneval,heldout", "--max-prompts", "1", "--max-new-tokens", "12",
-                 "--repeats", "1", "--output", str(out), "--no-progress"])
+    hf_tev_main(
+        [
+            "bench",
+            "--methods",
+            "all",
+            "--drafters",
+            kit_drafter,
+            "--budgets",
+            "4,auto",
+            "--temperatures",
+            "0,1",
+            "--prompt-sets",
+            "humaneval,heldout",
+            "--max-prompts",
+            "1",
+            "--max-new-tokens",
+            "12",
+            "--repeats",
+            "1",
+            "--output",
+            str(out),
+            "--no-progress",
+        ]
+    )
     return out
 
 
@@ -58,18 +92,34 @@ def test_every_method_tiny_run_writes_json_table_and_plot(tiny_run, kit_drafter)
     out = tiny_run
     document = json.loads((out / "bench.json").read_text())
     assert document["schema"] == bench.SCHEMA
-    assert set(document["machine"]) >= {"cpu_count", "torch_threads", "load_average", "device", "torch",
-                                        "transformers", "dtype"}
+    assert set(document["machine"]) >= {
+        "cpu_count",
+        "torch_threads",
+        "load_average",
+        "device",
+        "torch",
+        "transformers",
+        "dtype",
+    }
     assert document["settings"]["max_new_tokens"] == 12 and document["settings"]["threads"] == 1
     assert document["settings"]["generation"] == {  # what generate got: pure temperature sampling, no EOS stop
         "0": dict(do_sample=False, eos_token_id=None),
-        "1": dict(do_sample=True, temperature=1.0, top_k=0, top_p=1.0, min_p=None, eos_token_id=None)}
+        "1": dict(do_sample=True, temperature=1.0, top_k=0, top_p=1.0, min_p=None, eos_token_id=None),
+    }
     records = document["records"]
     keys = {(r["method"], r["drafter"], r["budget"], r["temperature"], r["prompt_set"]) for r in records}
-    expected = {(m, d, b, t, s) for t in (0.0, 1.0) for s in ("humaneval", "heldout")
-                for m, d, b in [("ar", None, None), ("assisted", None, None), ("prompt_lookup", None, None),
-                                ("dflash_native", kit_drafter, None)]
-                + [(m, kit_drafter, b) for m in HF_TEV_METHODS for b in (4, "auto")]}
+    expected = {
+        (m, d, b, t, s)
+        for t in (0.0, 1.0)
+        for s in ("humaneval", "heldout")
+        for m, d, b in [
+            ("ar", None, None),
+            ("assisted", None, None),
+            ("prompt_lookup", None, None),
+            ("dflash_native", kit_drafter, None),
+        ]
+        + [(m, kit_drafter, b) for m in HF_TEV_METHODS for b in (4, "auto")]
+    }
     assert keys == expected and len(records) == len(expected)
     for r in records:
         assert tuple(r) == RECORD_FIELDS
@@ -103,8 +153,14 @@ def test_every_method_tiny_run_writes_json_table_and_plot(tiny_run, kit_drafter)
             ratio = r["verifier_stage_ms"] / r["verifier_stage_ddtree_ms"]
             assert r["verifier_stage_reduction"] == pytest.approx(1 - ratio)
     markdown = (out / "bench.md").read_text()
-    for title in ("(Table 1)", "(Table 5)", "(Table 3", "cycle breakdown", "Greedy output equals ar's",
-                  "T = 1: `do_sample=True, temperature=1.0, top_k=0, top_p=1.0, min_p=None, eos_token_id=None`"):
+    for title in (
+        "(Table 1)",
+        "(Table 5)",
+        "(Table 3",
+        "cycle breakdown",
+        "Greedy output equals ar's",
+        "T = 1: `do_sample=True, temperature=1.0, top_k=0, top_p=1.0, min_p=None, eos_token_id=None`",
+    ):
         assert title in markdown
     assert (out / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -128,9 +184,17 @@ def test_report_command_re_renders_a_stored_run_without_running(tiny_run, tmp_pa
 
 
 def test_ddtree_and_tev_agree_greedy_and_tau_matches_coverage_when_sampling(kit_drafter):
-    config = BenchConfig(methods=["ddtree", "tev"], drafters=[kit_drafter], budgets=[8], temperatures=[0.0, 1.0],
-                         prompt_sets=["humaneval", "heldout"], max_prompts=3, max_new_tokens=32, repeats=1,
-                         progress=False)
+    config = BenchConfig(
+        methods=["ddtree", "tev"],
+        drafters=[kit_drafter],
+        budgets=[8],
+        temperatures=[0.0, 1.0],
+        prompt_sets=["humaneval", "heldout"],
+        max_prompts=3,
+        max_new_tokens=32,
+        repeats=1,
+        progress=False,
+    )
     records = {(r["method"], r["temperature"], r["prompt_set"]): r for r in run_bench(config)["records"]}
     for prompt_set in ("humaneval", "heldout"):
         ddtree, tev = records[("ddtree", 0.0, prompt_set)], records[("tev", 0.0, prompt_set)]
@@ -157,8 +221,9 @@ def test_z_statistic_detects_a_shift_and_not_noise():
 
 def test_chain_budgets_past_the_block_share_one_run():
     models = SimpleNamespace(drafters={"d": SimpleNamespace(config=SimpleNamespace(block_size=16))})
-    config = BenchConfig(methods=["chain", "tev", "assisted"], drafters=["d"], budgets=[4, 32, 64], target="x",
-                         assistant="a")
+    config = BenchConfig(
+        methods=["chain", "tev", "assisted"], drafters=["d"], budgets=[4, 32, 64], target="x", assistant="a"
+    )
     plan = plan_jobs(config, models)
     assert plan[("chain", "d", 32)] == plan[("chain", "d", 64)] == Job("chain", "d", 15)
     assert plan[("chain", "d", 4)] == Job("chain", "d", 4) and plan[("tev", "d", 64)] == Job("tev", "d", 64)
@@ -182,12 +247,18 @@ def kit_target():
     return load_kit_model("target")
 
 
-@pytest.mark.parametrize("temperature, truncation, processors", [
-    (1.0, {}, []),  # T = 1 is the target's own law: nothing to apply (transformers drops the identity warper)
-    (0.6, {}, ["TemperatureLogitsWarper"]),
-    (0.6, dict(top_k=5, top_p=0.9, min_p=0.05), ["TemperatureLogitsWarper", "TopKLogitsWarper", "TopPLogitsWarper",
-                                                 "MinPLogitsWarper"]),
-])
+@pytest.mark.parametrize(
+    "temperature, truncation, processors",
+    [
+        (1.0, {}, []),  # T = 1 is the target's own law: nothing to apply (transformers drops the identity warper)
+        (0.6, {}, ["TemperatureLogitsWarper"]),
+        (
+            0.6,
+            dict(top_k=5, top_p=0.9, min_p=0.05),
+            ["TemperatureLogitsWarper", "TopKLogitsWarper", "TopPLogitsWarper", "MinPLogitsWarper"],
+        ),
+    ],
+)
 def test_bench_temperatures_are_pure_temperature_sampling(kit_target, temperature, truncation, processors):
     """What `generate` builds from `sampling_kwargs`: the paper's temperature sampling unless truncation is asked
     for (the kit target's generation config sets no top-k; a model whose config does is overridden the same way)."""
@@ -206,26 +277,31 @@ def test_generation_settings_record_what_generate_gets():
     config = BenchConfig(methods=["ar"], temperatures=[0, 0.6], top_k=5, top_p=0.9, min_p=0.05, stop_at_eos=True)
     assert generation_settings(config, target) == {
         "0": dict(do_sample=False, eos_token_id=7),
-        "0.6": dict(do_sample=True, temperature=0.6, top_k=5, top_p=0.9, min_p=0.05, eos_token_id=7)}
+        "0.6": dict(do_sample=True, temperature=0.6, top_k=5, top_p=0.9, min_p=0.05, eos_token_id=7),
+    }
     plain = BenchConfig(methods=["ar"], temperatures=[0.6])
     assert generation_settings(plain, target) == {
-        "0.6": dict(do_sample=True, temperature=0.6, top_k=0, top_p=1.0, min_p=None, eos_token_id=None)}
+        "0.6": dict(do_sample=True, temperature=0.6, top_k=0, top_p=1.0, min_p=None, eos_token_id=None)
+    }
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    (dict(methods=["tev", "medusa"]), "Unknown method \\['medusa'\\]"),
-    (dict(prompt_sets=["humaneval", "nope"]), "Unknown prompt set \\['nope'\\]"),
-    (dict(drafters=["drafter-nope"]), "Unknown drafter \\['drafter-nope'\\]"),
-    (dict(budgets=[-1]), "budgets"),
-    (dict(temperatures=[-0.5]), "temperatures"),
-    (dict(max_new_tokens=0), "max_new_tokens"),
-    (dict(dtype="float8"), "dtype"),
-    (dict(top_k=-1), "top_k"),
-    (dict(top_p=0.0), "top_p"),
-    (dict(min_p=1.5), "min_p"),
-    (dict(device="nonsense"), "not a torch device"),
-    (dict(target="some/model", drafters=["some/drafter"]), "'assisted' needs --assistant"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(methods=["tev", "medusa"]), "Unknown method \\['medusa'\\]"),
+        (dict(prompt_sets=["humaneval", "nope"]), "Unknown prompt set \\['nope'\\]"),
+        (dict(drafters=["drafter-nope"]), "Unknown drafter \\['drafter-nope'\\]"),
+        (dict(budgets=[-1]), "budgets"),
+        (dict(temperatures=[-0.5]), "temperatures"),
+        (dict(max_new_tokens=0), "max_new_tokens"),
+        (dict(dtype="float8"), "dtype"),
+        (dict(top_k=-1), "top_k"),
+        (dict(top_p=0.0), "top_p"),
+        (dict(min_p=1.5), "min_p"),
+        (dict(device="nonsense"), "not a torch device"),
+        (dict(target="some/model", drafters=["some/drafter"]), "'assisted' needs --assistant"),
+    ],
+)
 def test_bad_input_gives_clear_errors(kwargs, message):
     with pytest.raises(ValueError, match=message):
         BenchConfig(**kwargs)
@@ -247,13 +323,16 @@ def _read_only_folder(tmp_path):
     return folder / "out"
 
 
-@pytest.mark.parametrize("case, message", [
-    ("under_a_file", "cannot be written"),
-    ("a_file", "cannot be written"),
-    ("read_only", "cannot be written"),
-    ("cuda", "CUDA is not available"),
-    ("cuda:0", "CUDA is not available"),
-])
+@pytest.mark.parametrize(
+    "case, message",
+    [
+        ("under_a_file", "cannot be written"),
+        ("a_file", "cannot be written"),
+        ("read_only", "cannot be written"),
+        ("cuda", "CUDA is not available"),
+        ("cuda:0", "CUDA is not available"),
+    ],
+)
 def test_up_front_checks_fail_before_any_model_is_loaded(case, message, tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(bench.cli, "run_bench", lambda config: pytest.fail("the bench started"))
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)

@@ -66,7 +66,9 @@ def test_the_builder_stops_where_the_rule_says_and_keeps_the_best_prefix():
             cut = builder(logprobs, 40, 3, size_rule=lambda n, log_q, stop=stop: asked.append(n) or n <= stop)
             size = min(stop, whole.num_nodes - 1)
             assert cut.num_nodes == size + 1, name
-            assert torch.equal(cut.tokens, whole.tokens[: size + 1]) and torch.equal(cut.parents, whole.parents[: size + 1])
+            assert torch.equal(cut.tokens, whole.tokens[: size + 1]) and torch.equal(
+                cut.parents, whole.parents[: size + 1]
+            )
             assert cut.path_logprobs == whole.path_logprobs[: size + 1]
             assert asked == list(range(1, len(asked) + 1))
             # the path log-probs are the sums of the drafter's log-probs along each path

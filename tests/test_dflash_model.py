@@ -18,6 +18,7 @@ HIDDEN, HEADS, KV_HEADS, HEAD_DIM, INTER, VOCAB, EPS, THETA = 32, 4, 2, 8, 48, 9
 
 # ----------------------------------------------------------------------------- a published-style checkpoint
 
+
 def published_weights(num_layers: int, num_features: int, dtype=torch.float32, seed: int = 0) -> dict:
     """Random weights under the published names (norm weights away from 1 so that they matter)."""
     g = torch.Generator().manual_seed(seed)
@@ -28,45 +29,75 @@ def published_weights(num_layers: int, num_features: int, dtype=torch.float32, s
     def norm(n):
         return (1.0 + torch.randn(n, generator=g) * 0.2).to(dtype)
 
-    w = {"fc.weight": rand(HIDDEN, num_features * HIDDEN), "hidden_norm.weight": norm(HIDDEN),
-         "norm.weight": norm(HIDDEN)}
+    w = {
+        "fc.weight": rand(HIDDEN, num_features * HIDDEN),
+        "hidden_norm.weight": norm(HIDDEN),
+        "norm.weight": norm(HIDDEN),
+    }
     for n in range(num_layers):
         p = f"layers.{n}."
-        w.update({
-            p + "self_attn.q_proj.weight": rand(HEADS * HEAD_DIM, HIDDEN),
-            p + "self_attn.k_proj.weight": rand(KV_HEADS * HEAD_DIM, HIDDEN),
-            p + "self_attn.v_proj.weight": rand(KV_HEADS * HEAD_DIM, HIDDEN),
-            p + "self_attn.o_proj.weight": rand(HIDDEN, HEADS * HEAD_DIM),
-            p + "self_attn.q_norm.weight": norm(HEAD_DIM),
-            p + "self_attn.k_norm.weight": norm(HEAD_DIM),
-            p + "mlp.gate_proj.weight": rand(INTER, HIDDEN),
-            p + "mlp.up_proj.weight": rand(INTER, HIDDEN),
-            p + "mlp.down_proj.weight": rand(HIDDEN, INTER),
-            p + "input_layernorm.weight": norm(HIDDEN),
-            p + "post_attention_layernorm.weight": norm(HIDDEN),
-        })
+        w.update(
+            {
+                p + "self_attn.q_proj.weight": rand(HEADS * HEAD_DIM, HIDDEN),
+                p + "self_attn.k_proj.weight": rand(KV_HEADS * HEAD_DIM, HIDDEN),
+                p + "self_attn.v_proj.weight": rand(KV_HEADS * HEAD_DIM, HIDDEN),
+                p + "self_attn.o_proj.weight": rand(HIDDEN, HEADS * HEAD_DIM),
+                p + "self_attn.q_norm.weight": norm(HEAD_DIM),
+                p + "self_attn.k_norm.weight": norm(HEAD_DIM),
+                p + "mlp.gate_proj.weight": rand(INTER, HIDDEN),
+                p + "mlp.up_proj.weight": rand(INTER, HIDDEN),
+                p + "mlp.down_proj.weight": rand(HIDDEN, INTER),
+                p + "input_layernorm.weight": norm(HIDDEN),
+                p + "post_attention_layernorm.weight": norm(HIDDEN),
+            }
+        )
     return w
 
 
-def published_config(num_layers: int = 2, num_target_layers: int = 6, target_layer_ids=(1, 3), mask_token_id=95,
-                     block_size=4, block_size_in_dflash_config=False, dtype="float32") -> dict:
+def published_config(
+    num_layers: int = 2,
+    num_target_layers: int = 6,
+    target_layer_ids=(1, 3),
+    mask_token_id=95,
+    block_size=4,
+    block_size_in_dflash_config=False,
+    dtype="float32",
+) -> dict:
     """config.json as transformers 4.x wrote it for the published drafters (tiny dimensions)."""
     dflash = {"mask_token_id": mask_token_id}
     if target_layer_ids is not None:
         dflash["target_layer_ids"] = list(target_layer_ids)
     config = {
         "architectures": ["DFlashDraftModel"],
-        "attention_bias": False, "attention_dropout": 0.0,
+        "attention_bias": False,
+        "attention_dropout": 0.0,
         "auto_map": {"AutoModel": "dflash.DFlashDraftModel"},
-        "bos_token_id": 1, "eos_token_id": 2,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
         "dflash_config": dflash,
-        "head_dim": HEAD_DIM, "hidden_act": "silu", "hidden_size": HIDDEN, "initializer_range": 0.02,
-        "intermediate_size": INTER, "layer_types": ["full_attention"] * num_layers,
-        "max_position_embeddings": 512, "max_window_layers": num_layers, "model_type": "qwen3",
-        "num_attention_heads": HEADS, "num_hidden_layers": num_layers, "num_key_value_heads": KV_HEADS,
-        "num_target_layers": num_target_layers, "rms_norm_eps": EPS, "rope_scaling": None, "rope_theta": THETA,
-        "sliding_window": None, "tie_word_embeddings": False, "torch_dtype": dtype,
-        "transformers_version": "4.57.1", "use_cache": True, "use_sliding_window": False, "vocab_size": VOCAB,
+        "head_dim": HEAD_DIM,
+        "hidden_act": "silu",
+        "hidden_size": HIDDEN,
+        "initializer_range": 0.02,
+        "intermediate_size": INTER,
+        "layer_types": ["full_attention"] * num_layers,
+        "max_position_embeddings": 512,
+        "max_window_layers": num_layers,
+        "model_type": "qwen3",
+        "num_attention_heads": HEADS,
+        "num_hidden_layers": num_layers,
+        "num_key_value_heads": KV_HEADS,
+        "num_target_layers": num_target_layers,
+        "rms_norm_eps": EPS,
+        "rope_scaling": None,
+        "rope_theta": THETA,
+        "sliding_window": None,
+        "tie_word_embeddings": False,
+        "torch_dtype": dtype,
+        "transformers_version": "4.57.1",
+        "use_cache": True,
+        "use_sliding_window": False,
+        "vocab_size": VOCAB,
     }
     if block_size_in_dflash_config:
         dflash["block_size"] = block_size
@@ -90,6 +121,7 @@ def checkpoint(tmp_path):
 
 # ----------------------------------------------------------------------------- SPEC section 2, written out
 
+
 def reference_block_rows(w: dict, noise, context_features, positions, num_layers: int):
     """Plain-torch float64 re-computation of the drafter forward for one sequence.
 
@@ -107,7 +139,7 @@ def reference_block_rows(w: dict, noise, context_features, positions, num_layers
     cos, sin = torch.cat([angles.cos()] * 2, -1), torch.cat([angles.sin()] * 2, -1)  # [c + L, head_dim]
 
     def rope(x, cos, sin):  # x: [S, heads, head_dim]
-        x1, x2 = x[..., : HEAD_DIM // 2], x[..., HEAD_DIM // 2:]
+        x1, x2 = x[..., : HEAD_DIM // 2], x[..., HEAD_DIM // 2 :]
         return x * cos[:, None] + torch.cat([-x2, x1], -1) * sin[:, None]
 
     context = rmsnorm(context_features @ w["fc.weight"].T, w["hidden_norm.weight"])
@@ -116,10 +148,12 @@ def reference_block_rows(w: dict, noise, context_features, positions, num_layers
         p = f"layers.{n}."
         a = rmsnorm(h, w[p + "input_layernorm.weight"])
         kv_in = torch.cat([context, a])  # context rows, then block rows
-        q = rmsnorm((a @ w[p + "self_attn.q_proj.weight"].T).view(block_len, HEADS, HEAD_DIM),
-                    w[p + "self_attn.q_norm.weight"])
-        k = rmsnorm((kv_in @ w[p + "self_attn.k_proj.weight"].T).view(-1, KV_HEADS, HEAD_DIM),
-                    w[p + "self_attn.k_norm.weight"])
+        q = rmsnorm(
+            (a @ w[p + "self_attn.q_proj.weight"].T).view(block_len, HEADS, HEAD_DIM), w[p + "self_attn.q_norm.weight"]
+        )
+        k = rmsnorm(
+            (kv_in @ w[p + "self_attn.k_proj.weight"].T).view(-1, KV_HEADS, HEAD_DIM), w[p + "self_attn.k_norm.weight"]
+        )
         v = (kv_in @ w[p + "self_attn.v_proj.weight"].T).view(-1, KV_HEADS, HEAD_DIM)
         q, k = rope(q, cos[-block_len:], sin[-block_len:]), rope(k, cos, sin)
         k, v = k.repeat_interleave(HEADS // KV_HEADS, 1), v.repeat_interleave(HEADS // KV_HEADS, 1)
@@ -127,8 +161,11 @@ def reference_block_rows(w: dict, noise, context_features, positions, num_layers
         attn = torch.einsum("hqk,khd->qhd", probs, v).reshape(block_len, HEADS * HEAD_DIM)
         h = h + attn @ w[p + "self_attn.o_proj.weight"].T
         m = rmsnorm(h, w[p + "post_attention_layernorm.weight"])
-        h = h + (torch.nn.functional.silu(m @ w[p + "mlp.gate_proj.weight"].T) * (m @ w[p + "mlp.up_proj.weight"].T)) \
+        h = (
+            h
+            + (torch.nn.functional.silu(m @ w[p + "mlp.gate_proj.weight"].T) * (m @ w[p + "mlp.up_proj.weight"].T))
             @ w[p + "mlp.down_proj.weight"].T
+        )
     return rmsnorm(h, w["norm.weight"])
 
 
@@ -172,9 +209,24 @@ def test_save_pretrained_round_trip_is_bit_identical(tmp_path):
     assert config["model_type"] == "qwen3" and config["architectures"] == ["DFlashDraftModel"]
     assert config["dflash_config"] == original["dflash_config"]
     assert "target_layer_ids" not in config and "mask_token_id" not in config  # only inside dflash_config
-    for key in ("block_size", "num_target_layers", "auto_map", "rope_theta", "rope_scaling", "hidden_size",
-                "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim", "intermediate_size",
-                "rms_norm_eps", "vocab_size", "layer_types", "use_sliding_window", "sliding_window"):
+    for key in (
+        "block_size",
+        "num_target_layers",
+        "auto_map",
+        "rope_theta",
+        "rope_scaling",
+        "hidden_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "head_dim",
+        "intermediate_size",
+        "rms_norm_eps",
+        "vocab_size",
+        "layer_types",
+        "use_sliding_window",
+        "sliding_window",
+    ):
         assert config[key] == original[key], key
     assert config["dtype"] == "bfloat16"
 
@@ -217,6 +269,7 @@ def test_checkpoint_without_target_layer_ids_uses_default_rule(tmp_path, num_lay
 
 
 # ----------------------------------------------------------------------------- running against real targets
+
 
 def full_hidden_features(target, drafter, ids):
     with torch.no_grad():
@@ -328,17 +381,25 @@ def test_native_transformers_dflash_generate(arch, left_pad):
     attention_mask = (prompt != 0).long() if left_pad else None
     with torch.no_grad():
         ref = target.generate(prompt, attention_mask=attention_mask, max_new_tokens=32, do_sample=False)
-    steer_towards(drafter, target, ref[0, prompt.shape[1]:])
+    steer_towards(drafter, target, ref[0, prompt.shape[1] :])
     calls = []
 
     def record(module, args, kwargs, output):
-        calls.append({k: kwargs[k].clone() for k in ("noise_embeds", "context_hidden_states", "position_ids")}
-                     | {"attention_mask": kwargs["attention_mask"], "out": output.last_hidden_state.clone()})
+        calls.append(
+            {k: kwargs[k].clone() for k in ("noise_embeds", "context_hidden_states", "position_ids")}
+            | {"attention_mask": kwargs["attention_mask"], "out": output.last_hidden_state.clone()}
+        )
 
     handle = drafter.register_forward_hook(record, with_kwargs=True)
     with torch.no_grad():
-        out = target.generate(prompt, attention_mask=attention_mask, max_new_tokens=32, do_sample=False,
-                              assistant_model=drafter, speculation_type="dflash")
+        out = target.generate(
+            prompt,
+            attention_mask=attention_mask,
+            max_new_tokens=32,
+            do_sample=False,
+            assistant_model=drafter,
+            speculation_type="dflash",
+        )
     handle.remove()
     assert torch.equal(out, ref)
 
@@ -354,9 +415,12 @@ def test_native_transformers_dflash_generate(arch, left_pad):
         else:  # context rows arrive once each, in order
             assert torch.equal(all_positions[0], torch.arange(all_positions.shape[1]))
         with torch.no_grad():
-            replay = drafter(call["noise_embeds"], all_context,
-                             torch.cat([all_positions, call["position_ids"][:, rows:]], 1),
-                             attention_mask=call["attention_mask"]).last_hidden_state
+            replay = drafter(
+                call["noise_embeds"],
+                all_context,
+                torch.cat([all_positions, call["position_ids"][:, rows:]], 1),
+                attention_mask=call["attention_mask"],
+            ).last_hidden_state
         torch.testing.assert_close(replay, call["out"], atol=1e-5, rtol=1e-5)
 
 
@@ -366,8 +430,13 @@ def test_from_target_sizes_and_mask_rule(tmp_path, qwen3_target, llama_target):
     drafter = DFlashDraftModel.from_target(qwen3_target, num_layers=2, block_size=8)
     tc = qwen3_target.config
     cfg = drafter.config
-    assert (cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.vocab_size) == \
-        (tc.hidden_size, tc.num_attention_heads, tc.num_key_value_heads, tc.head_dim, tc.vocab_size)
+    assert (cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.vocab_size) == (
+        tc.hidden_size,
+        tc.num_attention_heads,
+        tc.num_key_value_heads,
+        tc.head_dim,
+        tc.vocab_size,
+    )
     assert cfg.rope_parameters == tc.rope_parameters and cfg.rms_norm_eps == tc.rms_norm_eps
     assert (cfg.num_target_layers, cfg.target_layer_ids, cfg.block_size) == (4, default_target_layer_ids(4, 2), 8)
     assert cfg.mask_token_id == 0  # the target's pad id (0) differs from its eos (2)
@@ -382,11 +451,26 @@ def test_from_target_sizes_and_mask_rule(tmp_path, qwen3_target, llama_target):
             DFlashDraftModel.from_target(qwen3_target, target_layer_ids=bad)
 
     # a Llama-3.1-style "llama3" rope is copied, computed like the target's, and survives a save round trip
-    llama = LlamaForCausalLM(LlamaConfig(
-        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=256, eos_token_id=2,
-        rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
-                         "high_freq_factor": 4.0, "original_max_position_embeddings": 64})).eval()
+    llama = LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=64,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=4,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=256,
+            eos_token_id=2,
+            rope_parameters={
+                "rope_type": "llama3",
+                "rope_theta": 500000.0,
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 64,
+            },
+        )
+    ).eval()
     drafter = DFlashDraftModel.from_target(llama)
     assert torch.equal(drafter.rotary_emb.inv_freq, llama.model.rotary_emb.inv_freq)
     assert drafter.config.mask_token_id == 63  # no pad token: the last vocabulary id
@@ -397,6 +481,7 @@ def test_from_target_sizes_and_mask_rule(tmp_path, qwen3_target, llama_target):
 
     class Cfg:  # pad == eos, or no pad at all: the last vocabulary id
         vocab_size, eos_token_id, pad_token_id = 100, [2, 5], 5
+
     assert default_mask_token_id(Cfg) == 99
     Cfg.pad_token_id = None
     assert default_mask_token_id(Cfg) == 99
@@ -410,13 +495,15 @@ def test_bf16_target_draft_logits():
     mask = drafter.config.mask_token_id
     cache = drafter.new_cache()
     with torch.no_grad():
-        logits = drafter.draft_logits(target, features, torch.tensor([[3, mask, mask, mask]]),
-                                      torch.arange(9)[None], cache)
+        logits = drafter.draft_logits(
+            target, features, torch.tensor([[3, mask, mask, mask]]), torch.arange(9)[None], cache
+        )
     assert logits.shape == (1, 3, VOCAB) and logits.dtype == torch.bfloat16 and torch.isfinite(logits).all()
     assert cache.get_seq_length() == 5
 
 
 # ----------------------------------------------------------------------------- clear errors
+
 
 def test_refuses_pickle_only_folder(tmp_path):
     folder = tmp_path / "pickled"
@@ -429,6 +516,7 @@ def test_refuses_pickle_only_folder(tmp_path):
 
 def test_hub_id_loads_from_cache_and_refuses_pickle_only_repo(tmp_path):
     """Hub ids go through the same safetensors-only rule (an offline fake Hub cache stands in for the Hub)."""
+
     def cached_repo(name, files_writer):
         repo = tmp_path / "hub" / f"models--org--{name}"
         files_writer(repo / "snapshots" / ("a" * 40))
@@ -466,16 +554,23 @@ def test_refuses_missing_unexpected_and_misshaped_weights(tmp_path):
         DFlashDraftModel.from_pretrained(write_checkpoint(tmp_path / "shape", config, weights))
 
 
-@pytest.mark.parametrize("change, named", [
-    ({"use_sliding_window": True, "sliding_window": 16, "layer_types": ["sliding_attention"] * 2}, "sliding"),
-    ({"dflash_config": {"target_layer_ids": [1, 3], "mask_token_id": 95, "projector_type": "mlp"}},
-     "dflash_config.projector_type"),
-    ({"dflash_config": {"target_layer_ids": [1, 3], "mask_token_id": 95, "final_logit_softcapping": 20.0}},
-     "final_logit_softcapping"),
-    ({"output_multiplier": 0.5}, "output_multiplier"),
-    ({"is_causal": True}, "is_causal"),
-    ({"dflash_config": {"target_layer_ids": [1, 9], "mask_token_id": 95}}, "num_target_layers"),
-])
+@pytest.mark.parametrize(
+    "change, named",
+    [
+        ({"use_sliding_window": True, "sliding_window": 16, "layer_types": ["sliding_attention"] * 2}, "sliding"),
+        (
+            {"dflash_config": {"target_layer_ids": [1, 3], "mask_token_id": 95, "projector_type": "mlp"}},
+            "dflash_config.projector_type",
+        ),
+        (
+            {"dflash_config": {"target_layer_ids": [1, 3], "mask_token_id": 95, "final_logit_softcapping": 20.0}},
+            "final_logit_softcapping",
+        ),
+        ({"output_multiplier": 0.5}, "output_multiplier"),
+        ({"is_causal": True}, "is_causal"),
+        ({"dflash_config": {"target_layer_ids": [1, 9], "mask_token_id": 95}}, "num_target_layers"),
+    ],
+)
 def test_refuses_unsupported_config_values(tmp_path, change, named):
     config = published_config() | change
     folder = write_checkpoint(tmp_path / "variant", config, published_weights(2, 2))

@@ -28,8 +28,9 @@ def make_tree(tokens, parents):
             j = parents[j]
         if i:
             depths[i] = depths[parents[i]] + 1
-    return DraftTree(tokens=torch.tensor(tokens), depths=torch.tensor(depths), parents=torch.tensor(parents),
-                     visibility=visibility)
+    return DraftTree(
+        tokens=torch.tensor(tokens), depths=torch.tensor(depths), parents=torch.tensor(parents), visibility=visibility
+    )
 
 
 # Hand-made tree over a 4-token vocabulary:
@@ -37,13 +38,16 @@ def make_tree(tokens, parents):
 #                   -> d(3)   (p = 0.01, below alpha = 0.05)
 #           -> b(1)
 HAND_TREE = make_tree(tokens=[3, 0, 1, 2, 3], parents=[-1, 0, 0, 1, 1])
-HAND_PROBS = torch.tensor([
-    [0.50, 0.30, 0.10, 0.10],  # root: p(a) = 0.5, p(b) = 0.3, rho = 0.2
-    [0.19, 0.20, 0.60, 0.01],  # a: p(c) = 0.6, p(d) = 0.01 -> 0.05 in the product, rho = 1 - 0.61 = 0.39
-    [0.25, 0.25, 0.25, 0.25],  # b: leaf, rho = 1
-    [0.25, 0.25, 0.25, 0.25],  # c: leaf
-    [0.25, 0.25, 0.25, 0.25],  # d: leaf
-], dtype=torch.float64)
+HAND_PROBS = torch.tensor(
+    [
+        [0.50, 0.30, 0.10, 0.10],  # root: p(a) = 0.5, p(b) = 0.3, rho = 0.2
+        [0.19, 0.20, 0.60, 0.01],  # a: p(c) = 0.6, p(d) = 0.01 -> 0.05 in the product, rho = 1 - 0.61 = 0.39
+        [0.25, 0.25, 0.25, 0.25],  # b: leaf, rho = 1
+        [0.25, 0.25, 0.25, 0.25],  # c: leaf
+        [0.25, 0.25, 0.25, 0.25],  # d: leaf
+    ],
+    dtype=torch.float64,
+)
 
 
 def test_hand_tree_weights():
@@ -56,8 +60,7 @@ def test_hand_tree_weights():
     prefix_weights = node_weights(HAND_TREE, HAND_PROBS, "prefix", alpha=0.05)  # P(v), root excluded
     torch.testing.assert_close(prefix_weights, torch.tensor([0.0, 0.5, 0.3, 0.3, 0.025], dtype=prefix_weights.dtype))
     # 1 + C uses the unfloored flow: 1 + 0.5 + 0.3 + 0.3 + 0.005.
-    torch.testing.assert_close(expected_block_length(HAND_TREE, HAND_PROBS),
-                               torch.tensor(2.105, dtype=torch.float64))
+    torch.testing.assert_close(expected_block_length(HAND_TREE, HAND_PROBS), torch.tensor(2.105, dtype=torch.float64))
 
 
 def test_floor_only_acts_below_alpha_and_rho_is_clipped():
@@ -80,8 +83,12 @@ def naive_tree_loss(logits, trees, weights, normalization="nodes"):
     sums = []
     for k, (tree, w) in enumerate(zip(trees, weights)):
         log_q = logits[k].log_softmax(-1)  # [D, V]
-        node_log_q = torch.stack([log_q[d - 1, t] if d > 0 else log_q.new_zeros(())
-                                  for d, t in zip(tree.depths.tolist(), tree.tokens.tolist())])  # [N]
+        node_log_q = torch.stack(
+            [
+                log_q[d - 1, t] if d > 0 else log_q.new_zeros(())
+                for d, t in zip(tree.depths.tolist(), tree.tokens.tolist())
+            ]
+        )  # [N]
         sums.append(-(w * node_log_q).sum())
     if normalization == "nodes":  # all trees' weighted NLL over the number of drafted nodes (root excluded)
         return torch.stack(sums).sum() / sum(tree.num_nodes - 1 for tree in trees)
@@ -135,18 +142,26 @@ def test_tree_loss_without_weight():
     tokens = HAND_TREE.tokens[None].repeat(2, 1)
     weights = torch.stack([node_weights(HAND_TREE, HAND_PROBS, "prefix"), torch.zeros(5)])
     # weight_sum: a tree without weight is skipped.
-    torch.testing.assert_close(tree_loss(logits, depths, tokens, weights, "weight_sum"),
-                               tree_loss(logits[:1], depths[:1], tokens[:1], weights[:1], "weight_sum"))
+    torch.testing.assert_close(
+        tree_loss(logits, depths, tokens, weights, "weight_sum"),
+        tree_loss(logits[:1], depths[:1], tokens[:1], weights[:1], "weight_sum"),
+    )
     # nodes: its 4 drafted nodes still count in the normaliser (4 + 4 instead of 4).
-    torch.testing.assert_close(tree_loss(logits, depths, tokens, weights, "nodes"),
-                               tree_loss(logits[:1], depths[:1], tokens[:1], weights[:1], "nodes") / 2)
+    torch.testing.assert_close(
+        tree_loss(logits, depths, tokens, weights, "nodes"),
+        tree_loss(logits[:1], depths[:1], tokens[:1], weights[:1], "nodes") / 2,
+    )
     for normalization in ("nodes", "weight_sum"):
         none = tree_loss(logits, depths, tokens, torch.zeros(2, 5), normalization)
         assert none.item() == 0.0 and none.requires_grad
     # Padding nodes (depth 0, weight 0) are not counted.
-    padded = tree_loss(logits[:1], torch.cat([depths[:1], torch.zeros(1, 3, dtype=torch.long)], 1),
-                       torch.cat([tokens[:1], torch.zeros(1, 3, dtype=torch.long)], 1),
-                       torch.cat([weights[:1], torch.zeros(1, 3)], 1), "nodes")
+    padded = tree_loss(
+        logits[:1],
+        torch.cat([depths[:1], torch.zeros(1, 3, dtype=torch.long)], 1),
+        torch.cat([tokens[:1], torch.zeros(1, 3, dtype=torch.long)], 1),
+        torch.cat([weights[:1], torch.zeros(1, 3)], 1),
+        "nodes",
+    )
     torch.testing.assert_close(padded, tree_loss(logits[:1], depths[:1], tokens[:1], weights[:1], "nodes"))
 
 
@@ -175,15 +190,18 @@ def test_dflash_loss_matches_definition():
 
 def test_edge_probabilities_stand_in_for_the_distributions():
     edges = torch.tensor([1.0, 0.5, 0.3, 0.6, 0.01], dtype=torch.float64)  # p(v) = probs[parent(v), x_v]
-    for got, expected in ((training_flow(HAND_TREE, edges, 0.05), training_flow(HAND_TREE, HAND_PROBS, 0.05)),
-                          (node_weights(HAND_TREE, edges, "exit", 0.05), node_weights(HAND_TREE, HAND_PROBS, "exit", 0.05)),
-                          (expected_block_length(HAND_TREE, edges), expected_block_length(HAND_TREE, HAND_PROBS))):
+    for got, expected in (
+        (training_flow(HAND_TREE, edges, 0.05), training_flow(HAND_TREE, HAND_PROBS, 0.05)),
+        (node_weights(HAND_TREE, edges, "exit", 0.05), node_weights(HAND_TREE, HAND_PROBS, "exit", 0.05)),
+        (expected_block_length(HAND_TREE, edges), expected_block_length(HAND_TREE, HAND_PROBS)),
+    ):
         torch.testing.assert_close(got, expected)
 
 
 # ---------------------------------------------------------------------------------------------
 # The whole objective on a case worked out by hand from SPEC section 6 (no hf_tev function computes
 # an expected number here).
+
 
 def log_q(row, token):
     """log softmax(row)[token] by hand."""
@@ -200,24 +218,38 @@ HAND_LABELS = [[0, 1], [2, 1], [1, 0]]  # x_{a+1}, x_{a+2}
 HAND_MASK = [[True, True], [True, True], [True, False]]  # block 2's second token is not supervised: no tree there
 # Tree A (block 0): root -> a(token 0) -> c(token 1); root -> b(token 2).
 TREE_A = make_tree(tokens=[0, 0, 2, 1], parents=[-1, 0, 0, 1])
-PROBS_A = torch.tensor([
-    [0.6, 0.1, 0.3],          # root: p(a) = 0.6, p(b) = 0.3
-    [0.2, 0.00005, 0.79995],  # a: p(c) = 0.00005 < alpha = 1e-4 (floored in P), rho(a) = 1 - 0.00005
-    [1 / 3, 1 / 3, 1 / 3],    # b: leaf, rho = 1
-    [1 / 3, 1 / 3, 1 / 3],    # c: leaf, rho = 1
-], dtype=torch.float64)
+PROBS_A = torch.tensor(
+    [
+        [0.6, 0.1, 0.3],  # root: p(a) = 0.6, p(b) = 0.3
+        [0.2, 0.00005, 0.79995],  # a: p(c) = 0.00005 < alpha = 1e-4 (floored in P), rho(a) = 1 - 0.00005
+        [1 / 3, 1 / 3, 1 / 3],  # b: leaf, rho = 1
+        [1 / 3, 1 / 3, 1 / 3],  # c: leaf, rho = 1
+    ],
+    dtype=torch.float64,
+)
 # Tree B (block 1): root -> d(token 1) -> e(token 1).
 TREE_B = make_tree(tokens=[2, 1, 1], parents=[-1, 0, 1])
-PROBS_B = torch.tensor([
-    [0.5, 0.4, 0.1],  # root: p(d) = 0.4
-    [0.3, 0.5, 0.2],  # d: p(e) = 0.5, rho(d) = 0.5
-    [1 / 3, 1 / 3, 1 / 3],  # e: leaf, rho = 1
-], dtype=torch.float64)
+PROBS_B = torch.tensor(
+    [
+        [0.5, 0.4, 0.1],  # root: p(d) = 0.4
+        [0.3, 0.5, 0.2],  # d: p(e) = 0.5, rho(d) = 0.5
+        [1 / 3, 1 / 3, 1 / 3],  # e: leaf, rho = 1
+    ],
+    dtype=torch.float64,
+)
 
 
 def hand_objective(**kwargs):
-    return exittrain_loss(torch.tensor(HAND_LOGITS, dtype=torch.float64), torch.tensor(HAND_LABELS),
-                          torch.tensor(HAND_MASK), [TREE_A, TREE_B], [0, 1], [PROBS_A, PROBS_B], alpha=1e-4, **kwargs)
+    return exittrain_loss(
+        torch.tensor(HAND_LOGITS, dtype=torch.float64),
+        torch.tensor(HAND_LABELS),
+        torch.tensor(HAND_MASK),
+        [TREE_A, TREE_B],
+        [0, 1],
+        [PROBS_A, PROBS_B],
+        alpha=1e-4,
+        **kwargs,
+    )
 
 
 def test_exittrain_objective_by_hand():
@@ -227,10 +259,10 @@ def test_exittrain_objective_by_hand():
     nll_d, nll_e = -log_q(L[1][0], 1), -log_q(L[1][1], 1)
     # Exit weights w(v) * depth(v) = P(v) * rho(v) * depth(v):
     w_a = 0.6 * (1 - 0.00005) * 1  # P = 0.6, rho = 1 - p(c)
-    w_b = 0.3 * 1 * 1              # P = 0.3, leaf
-    w_c = (0.6 * 1e-4) * 1 * 2     # P = 0.6 * max(0.00005, alpha), leaf, depth 2
-    w_d = 0.4 * 0.5 * 1            # P = 0.4, rho = 1 - p(e)
-    w_e = (0.4 * 0.5) * 1 * 2      # P = 0.4 * 0.5, leaf, depth 2
+    w_b = 0.3 * 1 * 1  # P = 0.3, leaf
+    w_c = (0.6 * 1e-4) * 1 * 2  # P = 0.6 * max(0.00005, alpha), leaf, depth 2
+    w_d = 0.4 * 0.5 * 1  # P = 0.4, rho = 1 - p(e)
+    w_e = (0.4 * 0.5) * 1 * 2  # P = 0.4 * 0.5, leaf, depth 2
     weighted = w_a * nll_a + w_b * nll_b + w_c * nll_c + w_d * nll_d + w_e * nll_e
     tree = weighted / 5  # 5 drafted nodes (a, b, c, d, e), roots excluded
     # Cross-entropy: plain mean over the 5 supervised positions, no decay.
@@ -250,10 +282,17 @@ def test_exittrain_objective_by_hand():
     assert parts.loss.item() == pytest.approx(0.5 * ce + 2.0 * prefix, rel=1e-12)
 
     # Knobs: the old normalisation (each tree by its weight sum, then the mean over trees) and the decayed CE.
-    per_tree = ((w_a * nll_a + w_b * nll_b + w_c * nll_c) / (w_a + w_b + w_c) + (w_d * nll_d + w_e * nll_e) / (w_d + w_e)) / 2
+    per_tree = (
+        (w_a * nll_a + w_b * nll_b + w_c * nll_c) / (w_a + w_b + w_c) + (w_d * nll_d + w_e * nll_e) / (w_d + w_e)
+    ) / 2
     decay = math.exp(-1 / 7)  # position 2 of every block
-    decayed = -(log_q(L[0][0], 0) + decay * log_q(L[0][1], 1) + log_q(L[1][0], 2) + decay * log_q(L[1][1], 1)
-                + log_q(L[2][0], 1)) / (3 + 2 * decay)
+    decayed = -(
+        log_q(L[0][0], 0)
+        + decay * log_q(L[0][1], 1)
+        + log_q(L[1][0], 2)
+        + decay * log_q(L[1][1], 1)
+        + log_q(L[2][0], 1)
+    ) / (3 + 2 * decay)
     parts = hand_objective(objective="exit", tree_normalization="weight_sum", ce_decay=True, gamma=7.0)
     assert parts.tree.item() == pytest.approx(per_tree, rel=1e-12)
     assert parts.ce.item() == pytest.approx(decayed, rel=1e-12)
@@ -270,11 +309,16 @@ def test_ce_decay_default_depends_on_the_objective():
 
 
 def test_exittrain_loss_without_trees_and_bad_input():
-    parts = exittrain_loss(torch.tensor(HAND_LOGITS, dtype=torch.float64, requires_grad=True),
-                           torch.tensor(HAND_LABELS), torch.tensor(HAND_MASK), objective="exit")
+    parts = exittrain_loss(
+        torch.tensor(HAND_LOGITS, dtype=torch.float64, requires_grad=True),
+        torch.tensor(HAND_LABELS),
+        torch.tensor(HAND_MASK),
+        objective="exit",
+    )
     assert parts.tree is None and parts.tree_block_length is None and parts.loss.requires_grad
     with pytest.raises(ValueError, match="tree_blocks"):
-        exittrain_loss(torch.tensor(HAND_LOGITS), torch.tensor(HAND_LABELS), torch.tensor(HAND_MASK),
-                       [TREE_A], [], [PROBS_A])
+        exittrain_loss(
+            torch.tensor(HAND_LOGITS), torch.tensor(HAND_LABELS), torch.tensor(HAND_MASK), [TREE_A], [], [PROBS_A]
+        )
     with pytest.raises(ValueError, match="objective"):
         exittrain_loss(torch.tensor(HAND_LOGITS), torch.tensor(HAND_LABELS), torch.tensor(HAND_MASK), objective="kl")

@@ -36,8 +36,10 @@ def make_drafter(target, seed=0):
 def make_rows(n=6, seed=1):
     generator = torch.Generator().manual_seed(seed)
     lengths = torch.randint(6, 20, (n,), generator=generator).tolist()
-    return [{"input_ids": torch.randint(3, 96, (length,), generator=generator).tolist(), "prompt_length": 2}
-            for length in lengths]
+    return [
+        {"input_ids": torch.randint(3, 96, (length,), generator=generator).tolist(), "prompt_length": 2}
+        for length in lengths
+    ]
 
 
 def single_row_features(target, drafter, ids):
@@ -51,8 +53,9 @@ def test_padded_batch_features_equal_single_row_forwards(target):
     batched = compute_context_features(target, LAYERS, [row["input_ids"] for row in rows])
     for row, features in zip(rows, batched):
         assert features.shape == (len(row["input_ids"]), 2 * 64)
-        torch.testing.assert_close(features, single_row_features(target, drafter, row["input_ids"]),
-                                   rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(
+            features, single_row_features(target, drafter, row["input_ids"]), rtol=1e-5, atol=1e-5
+        )
 
 
 def test_cache_is_incremental_and_survives_reopening(target, tmp_path, monkeypatch):
@@ -60,8 +63,11 @@ def test_cache_is_incremental_and_survives_reopening(target, tmp_path, monkeypat
     rows = make_rows(n=8)
     computed = []
     real = features_module.compute_context_features
-    monkeypatch.setattr(features_module, "compute_context_features",
-                        lambda t, layers, seqs: computed.extend(seqs) or real(t, layers, seqs))
+    monkeypatch.setattr(
+        features_module,
+        "compute_context_features",
+        lambda t, layers, seqs: computed.extend(seqs) or real(t, layers, seqs),
+    )
     cache = FeatureCache(tmp_path / "cache", target, drafter)
     assert cache.update(rows[:5], batch_size=2, show_progress=False) == 5 and len(computed) == 5
     first = {i: cache.features(rows[i]["input_ids"]) for i in range(5)}
@@ -74,8 +80,9 @@ def test_cache_is_incremental_and_survives_reopening(target, tmp_path, monkeypat
     for i, row in enumerate(rows):
         stored = cache.features(row["input_ids"])
         assert stored.dtype == torch.float16 and stored.shape == (len(row["input_ids"]), 128)
-        torch.testing.assert_close(stored.float(), single_row_features(target, drafter, row["input_ids"]),
-                                   rtol=2e-3, atol=2e-3)
+        torch.testing.assert_close(
+            stored.float(), single_row_features(target, drafter, row["input_ids"]), rtol=2e-3, atol=2e-3
+        )
         if i < 5:
             assert torch.equal(stored, first[i])
     index = json.loads((tmp_path / "cache" / "index.json").read_text())
@@ -87,8 +94,12 @@ def test_cache_is_incremental_and_survives_reopening(target, tmp_path, monkeypat
     extra = make_rows(n=1, seed=9)
     cache = FeatureCache(tmp_path / "cache", target, drafter)
     assert cache.update(extra, show_progress=False) == 1
-    torch.testing.assert_close(cache.features(extra[0]["input_ids"]).float(),
-                               single_row_features(target, drafter, extra[0]["input_ids"]), rtol=2e-3, atol=2e-3)
+    torch.testing.assert_close(
+        cache.features(extra[0]["input_ids"]).float(),
+        single_row_features(target, drafter, extra[0]["input_ids"]),
+        rtol=2e-3,
+        atol=2e-3,
+    )
     assert torch.equal(cache.features(rows[0]["input_ids"]), first[0])
     with pytest.raises(KeyError, match="not in the feature cache"):
         cache.features([5, 6, 7])
@@ -98,18 +109,24 @@ def test_cache_is_incremental_and_survives_reopening(target, tmp_path, monkeypat
     assert late.update(more, show_progress=False) == 2 and len(late) == len(rows) + 1 + 4
     fresh = FeatureCache(tmp_path / "cache", target, drafter)
     for row in more + extra + rows[:1]:
-        torch.testing.assert_close(fresh.features(row["input_ids"]).float(),
-                                   single_row_features(target, drafter, row["input_ids"]), rtol=2e-3, atol=2e-3)
+        torch.testing.assert_close(
+            fresh.features(row["input_ids"]).float(),
+            single_row_features(target, drafter, row["input_ids"]),
+            rtol=2e-3,
+            atol=2e-3,
+        )
 
 
 def test_cache_refuses_another_target_layers_or_dtype(target, tmp_path):
     FeatureCache(tmp_path / "cache", target, LAYERS).update(make_rows(n=2), show_progress=False)
     FeatureCache(tmp_path / "cache", make_target("qwen3"), LAYERS)  # the same weights: accepted
-    for other, match in [(dict(target=make_target("qwen3", seed=1)), "target_fingerprint"),
-                         (dict(target=target.to(torch.float64)), "target"),
-                         (dict(layers=[1, 2]), "layer_ids"),
-                         (dict(dtype=torch.float32), "dtype"),
-                         (dict(max_length=8), "max_length")]:
+    for other, match in [
+        (dict(target=make_target("qwen3", seed=1)), "target_fingerprint"),
+        (dict(target=target.to(torch.float64)), "target"),
+        (dict(layers=[1, 2]), "layer_ids"),
+        (dict(dtype=torch.float32), "dtype"),
+        (dict(max_length=8), "max_length"),
+    ]:
         settings = dict(target=make_target("qwen3"), layers=LAYERS) | other
         with pytest.raises(ValueError, match=match):
             FeatureCache(tmp_path / "cache", **settings)
@@ -124,13 +141,19 @@ def test_max_length_and_bfloat16_storage(target, tmp_path):
     for row, item in zip(rows, dataset):
         assert item["input_ids"] == row["input_ids"][:7] and item[CONTEXT_FEATURES].shape == (7, 128)
         assert item[CONTEXT_FEATURES].dtype == torch.bfloat16
-        torch.testing.assert_close(item[CONTEXT_FEATURES].float(),
-                                   single_row_features(target, drafter, row["input_ids"])[:7], rtol=1e-2, atol=1e-2)
+        torch.testing.assert_close(
+            item[CONTEXT_FEATURES].float(),
+            single_row_features(target, drafter, row["input_ids"])[:7],
+            rtol=1e-2,
+            atol=1e-2,
+        )
 
 
 def test_collator_pads_features_and_refuses_mixed_rows():
-    rows = [{"input_ids": [5, 6, 7], CONTEXT_FEATURES: torch.ones(3, 4, dtype=torch.float16)},
-            {"input_ids": [5, 6], CONTEXT_FEATURES: 2 * torch.ones(2, 4, dtype=torch.float16)}]
+    rows = [
+        {"input_ids": [5, 6, 7], CONTEXT_FEATURES: torch.ones(3, 4, dtype=torch.float16)},
+        {"input_ids": [5, 6], CONTEXT_FEATURES: 2 * torch.ones(2, 4, dtype=torch.float16)},
+    ]
     batch = ExitDataCollator(max_length=2)(rows)
     assert batch[CONTEXT_FEATURES].dtype == torch.float16 and batch[CONTEXT_FEATURES].shape == (2, 2, 4)
     batch = ExitDataCollator()(rows)
@@ -142,9 +165,19 @@ def test_collator_pads_features_and_refuses_mixed_rows():
 
 
 def make_args(tmp_path, **overrides):
-    settings = dict(output_dir=str(tmp_path / "out"), use_cpu=True, report_to=[], disable_tqdm=True,
-                    save_strategy="no", logging_steps=1, per_device_train_batch_size=3, anchors_per_sequence=4,
-                    objective="dflash", max_steps=2, seed=0)
+    settings = dict(
+        output_dir=str(tmp_path / "out"),
+        use_cpu=True,
+        report_to=[],
+        disable_tqdm=True,
+        save_strategy="no",
+        logging_steps=1,
+        per_device_train_batch_size=3,
+        anchors_per_sequence=4,
+        objective="dflash",
+        max_steps=2,
+        seed=0,
+    )
     return ExitTrainingArguments(**(settings | overrides))
 
 
@@ -169,19 +202,30 @@ def test_training_on_a_cached_dataset(target, tmp_path):
     cache.update(rows, show_progress=False)
     drafter = make_drafter(target)
     before = {name: p.clone() for name, p in drafter.state_dict().items()}
-    trainer = ExitTrainer(model=drafter, target_model=target, args=make_args(tmp_path, learning_rate=1e-2),
-                          train_dataset=CachedFeatureDataset(rows, cache))
+    trainer = ExitTrainer(
+        model=drafter,
+        target_model=target,
+        args=make_args(tmp_path, learning_rate=1e-2),
+        train_dataset=CachedFeatureDataset(rows, cache),
+    )
     trainer.train()
     assert all(np.isfinite(entry["loss"]) for entry in trainer.state.log_history if "loss" in entry)
     assert not torch.equal(drafter.state_dict()["fc.weight"], before["fc.weight"])
     # The tree objectives run the target (its K/V score the trees) and still train on a cached dataset.
-    tree_trainer = ExitTrainer(model=make_drafter(target), target_model=target,
-                               args=make_args(tmp_path / "tree", objective="exit", tree_budget=4, max_steps=1),
-                               train_dataset=CachedFeatureDataset(rows, cache))
+    tree_trainer = ExitTrainer(
+        model=make_drafter(target),
+        target_model=target,
+        args=make_args(tmp_path / "tree", objective="exit", tree_budget=4, max_steps=1),
+        train_dataset=CachedFeatureDataset(rows, cache),
+    )
     tree_trainer.train()
     assert "loss_tree" in tree_trainer.state.log_history[0]
     # A cache of other layers is refused before training.
     other = FeatureCache(tmp_path / "other", target, [1])
     with pytest.raises(ValueError, match="target layers"):
-        ExitTrainer(model=make_drafter(target), target_model=target, args=make_args(tmp_path / "c"),
-                    train_dataset=CachedFeatureDataset(rows, other))
+        ExitTrainer(
+            model=make_drafter(target),
+            target_model=target,
+            args=make_args(tmp_path / "c"),
+            train_dataset=CachedFeatureDataset(rows, other),
+        )

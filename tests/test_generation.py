@@ -59,8 +59,14 @@ def test_greedy_equals_target_greedy(arch, attn):
             for budget in (1, 8, 64, "auto"):
                 for verifier in ("tev", "predraw", "residual"):
                     drafter = with_oracle(make_drafter(target), expected)
-                    out = greedy(target, prompt, max_new_tokens=max_new, assistant_model=drafter,
-                                 tev_config=TEVConfig(budget=budget, verifier=verifier), return_dict_in_generate=True)
+                    out = greedy(
+                        target,
+                        prompt,
+                        max_new_tokens=max_new,
+                        assistant_model=drafter,
+                        tev_config=TEVConfig(budget=budget, verifier=verifier),
+                        return_dict_in_generate=True,
+                    )
                     assert out.sequences.tolist() == expected.tolist(), (budget, verifier, max_new)
                     taus.append(out.tev_stats.tau)
                     # at T=0 the coverage of a tree is exactly its accepted length
@@ -74,8 +80,13 @@ def test_greedy_with_random_drafter_and_chain():
     expected = greedy(target, prompt, max_new_tokens=20)
     for tree in ("chain", "best_first"):
         for budget in (0, 3, 16):
-            out = greedy(target, prompt, max_new_tokens=20, assistant_model=make_drafter(target),
-                         tev_config=TEVConfig(budget=budget, tree=tree))
+            out = greedy(
+                target,
+                prompt,
+                max_new_tokens=20,
+                assistant_model=make_drafter(target),
+                tev_config=TEVConfig(budget=budget, tree=tree),
+            )
             assert out.tolist() == expected.tolist()
 
 
@@ -83,8 +94,14 @@ def test_auto_budget_with_a_useless_drafter_decodes_mostly_plainly():
     target = make_target("qwen3")
     prompt = torch.tensor([PROMPTS[0]])
     expected = greedy(target, prompt, max_new_tokens=40)
-    out = greedy(target, prompt, max_new_tokens=40, assistant_model=make_drafter(target),
-                 tev_config=TEVConfig(), return_dict_in_generate=True)  # the default budget is "auto"
+    out = greedy(
+        target,
+        prompt,
+        max_new_tokens=40,
+        assistant_model=make_drafter(target),
+        tev_config=TEVConfig(),
+        return_dict_in_generate=True,
+    )  # the default budget is "auto"
     stats = out.tev_stats
     assert out.sequences.tolist() == expected.tolist()
     assert len(stats.predicted_lengths) == stats.num_cycles and stats.budget_model["probe_tokens"][0] == 1
@@ -97,7 +114,7 @@ def test_eos_inside_accepted_path_stops_there():
     prompt = torch.tensor([PROMPTS[1]])
     # a repetition penalty keeps the tiny random model out of short loops (and exercises per-node processing)
     reference = greedy(target, prompt, max_new_tokens=30, repetition_penalty=3.0)
-    generated = reference[0, prompt.shape[1]:].tolist()
+    generated = reference[0, prompt.shape[1] :].tolist()
     # a token the target first emits mid-generation, and one it never emits
     eos = next(tok for i, tok in enumerate(generated) if i >= 6 and tok not in generated[:i])
     unused = next(tok for tok in range(3, 96) if tok not in generated)
@@ -106,8 +123,16 @@ def test_eos_inside_accepted_path_stops_there():
     assert expected.shape[1] < reference.shape[1]
     for verifier in ("tev", "predraw"):
         drafter = with_oracle(make_drafter(target, block_size=16), reference)
-        out = greedy(target, prompt, max_new_tokens=30, eos_token_id=eos_ids, repetition_penalty=3.0, assistant_model=drafter,
-                     tev_config=TEVConfig(budget=16, verifier=verifier), return_dict_in_generate=True)
+        out = greedy(
+            target,
+            prompt,
+            max_new_tokens=30,
+            eos_token_id=eos_ids,
+            repetition_penalty=3.0,
+            assistant_model=drafter,
+            tev_config=TEVConfig(budget=16, verifier=verifier),
+            return_dict_in_generate=True,
+        )
         assert out.sequences.tolist() == expected.tolist()
         assert max(out.tev_stats.accepted_lengths) > 3
 
@@ -116,8 +141,13 @@ def test_processors_per_node_match_plain_generate():
     # repetition penalty and n-gram blocking read each node's own path; scores must match generate's
     target = make_target("llama")
     prompt = torch.tensor([PROMPTS[0]])
-    kwargs = dict(max_new_tokens=25, repetition_penalty=1.5, no_repeat_ngram_size=2, output_scores=True,
-                  return_dict_in_generate=True)
+    kwargs = dict(
+        max_new_tokens=25,
+        repetition_penalty=1.5,
+        no_repeat_ngram_size=2,
+        output_scores=True,
+        return_dict_in_generate=True,
+    )
     expected = greedy(target, prompt, **kwargs)
     drafter = with_oracle(make_drafter(target), expected.sequences)
     out = greedy(target, prompt, assistant_model=drafter, tev_config=TEVConfig(budget=16), **kwargs)
@@ -159,11 +189,18 @@ def test_streamer_and_stopping_criteria():
     expected = greedy(target, prompt, max_new_tokens=30, stopping_criteria=criteria)
     assert expected.shape[1] < reference.shape[1]
     streamer = RecordingStreamer()
-    out = greedy(target, prompt, max_new_tokens=30, stopping_criteria=criteria, streamer=streamer,
-                 assistant_model=with_oracle(make_drafter(target), reference), tev_config=TEVConfig(budget=8))
+    out = greedy(
+        target,
+        prompt,
+        max_new_tokens=30,
+        stopping_criteria=criteria,
+        streamer=streamer,
+        assistant_model=with_oracle(make_drafter(target), reference),
+        tev_config=TEVConfig(budget=8),
+    )
     assert out.tolist() == expected.tolist()
     assert streamer.chunks[0] == PROMPTS[1]
-    assert sum(streamer.chunks[1:], []) == out[0, prompt.shape[1]:].tolist()
+    assert sum(streamer.chunks[1:], []) == out[0, prompt.shape[1] :].tolist()
     assert streamer.ended
 
 
@@ -172,9 +209,14 @@ def test_left_padded_prompt_matches_plain_generate():
     prompt = torch.tensor([[0, 0, 0] + PROMPTS[0]])
     mask = torch.tensor([[0, 0, 0] + [1] * len(PROMPTS[0])])
     expected = greedy(target, prompt, attention_mask=mask, max_new_tokens=20)
-    out = greedy(target, prompt, attention_mask=mask, max_new_tokens=20,
-                 assistant_model=with_oracle(make_drafter(target), torch.cat([expected[:, 3:], expected[:, :3]], 1)),
-                 tev_config=TEVConfig(budget=8))
+    out = greedy(
+        target,
+        prompt,
+        attention_mask=mask,
+        max_new_tokens=20,
+        assistant_model=with_oracle(make_drafter(target), torch.cat([expected[:, 3:], expected[:, :3]], 1)),
+        tev_config=TEVConfig(budget=8),
+    )
     assert out.tolist() == expected.tolist()
 
 
@@ -187,8 +229,12 @@ def test_tree_pass_logits_equal_path_forwards_and_compaction():
         past = prompt.shape[1]
         torch.manual_seed(3)
         tree = build_tree(torch.log_softmax(torch.randn(4, 96) * 3, -1), 12, torch.tensor(7))
-        out = target(tree.tokens[None], position_ids=tree_position_ids(tree, past), cache=cache,
-                     attention_mask=tree_attention_mask(tree, past, torch.float32))
+        out = target(
+            tree.tokens[None],
+            position_ids=tree_position_ids(tree, past),
+            cache=cache,
+            attention_mask=tree_attention_mask(tree, past, torch.float32),
+        )
         paths = [tree.visibility[i].nonzero()[:, 0] for i in range(tree.num_nodes)]
         for node, path in enumerate(paths):
             plain = target(torch.cat([prompt, tree.tokens[path][None]], 1)).logits[0, -1]
@@ -220,12 +266,14 @@ def exact_last_two_law(target, prompt, warpers, new_tokens=4):
             probs = torch.softmax(warpers(sequences, target(sequences).logits[:, -1].float()), -1).double()
             if step < new_tokens - 2:
                 mass = (mass[:, None] * probs).reshape(-1)
-                sequences = torch.cat([sequences.repeat_interleave(vocab, 0),
-                                       torch.arange(vocab).repeat(sequences.shape[0])[:, None]], 1)
+                sequences = torch.cat(
+                    [sequences.repeat_interleave(vocab, 0), torch.arange(vocab).repeat(sequences.shape[0])[:, None]], 1
+                )
             elif step == new_tokens - 2:
                 joint = mass[:, None] * probs  # [prefixes, V]: P(prefix, token n-1)
-                sequences = torch.cat([sequences.repeat_interleave(vocab, 0),
-                                       torch.arange(vocab).repeat(sequences.shape[0])[:, None]], 1)
+                sequences = torch.cat(
+                    [sequences.repeat_interleave(vocab, 0), torch.arange(vocab).repeat(sequences.shape[0])[:, None]], 1
+                )
             else:
                 law = (joint.reshape(-1, 1) * probs).reshape(-1, vocab, vocab).sum(0)  # [V, V]
     return law.float()
@@ -264,8 +312,14 @@ def test_sampling_law_matches_target(verifier, budget, warp):
     counts, accepted = torch.zeros(8, 8), []
     torch.manual_seed(1234)
     for _ in range(400):
-        out = target.generate(prompt, max_new_tokens=4, assistant_model=drafter, return_dict_in_generate=True,
-                              tev_config=TEVConfig(budget=budget, verifier=verifier, max_budget=6), **sampling)
+        out = target.generate(
+            prompt,
+            max_new_tokens=4,
+            assistant_model=drafter,
+            return_dict_in_generate=True,
+            tev_config=TEVConfig(budget=budget, verifier=verifier, max_budget=6),
+            **sampling,
+        )
         counts[out.sequences[0, 5], out.sequences[0, 6]] += 1
         accepted.append(out.tev_stats.accepted_lengths[0])
     assert chi_square_pvalue(counts, law) > 1e-3
@@ -287,13 +341,21 @@ def test_seeded_sampling_is_reproducible():
     target = make_target("qwen3")
     drafter = make_drafter(target)
     prompt = torch.tensor([PROMPTS[0]])
-    runs = [target.generate(prompt, do_sample=True, max_new_tokens=20, assistant_model=drafter,
-                            tev_config=TEVConfig(budget=8, seed=7)) for _ in range(2)]
+    runs = [
+        target.generate(
+            prompt, do_sample=True, max_new_tokens=20, assistant_model=drafter, tev_config=TEVConfig(budget=8, seed=7)
+        )
+        for _ in range(2)
+    ]
     assert runs[0].tolist() == runs[1].tolist()
     torch.manual_seed(5)
-    a = target.generate(prompt, do_sample=True, max_new_tokens=20, assistant_model=drafter, tev_config=TEVConfig(budget=8))
+    a = target.generate(
+        prompt, do_sample=True, max_new_tokens=20, assistant_model=drafter, tev_config=TEVConfig(budget=8)
+    )
     torch.manual_seed(5)
-    b = target.generate(prompt, do_sample=True, max_new_tokens=20, assistant_model=drafter, tev_config=TEVConfig(budget=8))
+    b = target.generate(
+        prompt, do_sample=True, max_new_tokens=20, assistant_model=drafter, tev_config=TEVConfig(budget=8)
+    )
     assert a.tolist() == b.tolist()
 
 
@@ -312,7 +374,10 @@ def test_disable_and_enable_routing():
             greedy(target, prompt, max_new_tokens=5, assistant_model=drafter, tev_config=TEVConfig())
     finally:
         hf_tev.enable()
-    assert greedy(target, prompt, max_new_tokens=5, assistant_model=drafter, tev_config=TEVConfig()).tolist() == plain.tolist()
+    assert (
+        greedy(target, prompt, max_new_tokens=5, assistant_model=drafter, tev_config=TEVConfig()).tolist()
+        == plain.tolist()
+    )
 
 
 def test_bad_inputs():
@@ -356,11 +421,23 @@ def test_bad_inputs():
     from transformers import StaticCache
 
     with pytest.raises(ValueError, match="cache"):
-        greedy(target, prompt, max_new_tokens=4, assistant_model=drafter, tev_config=TEVConfig(),
-               cache=StaticCache(config=target.config, max_cache_len=64))
+        greedy(
+            target,
+            prompt,
+            max_new_tokens=4,
+            assistant_model=drafter,
+            tev_config=TEVConfig(),
+            cache=StaticCache(config=target.config, max_cache_len=64),
+        )
     with pytest.raises(ValueError, match="cache"):
-        greedy(target, prompt, max_new_tokens=4, assistant_model=drafter, tev_config=TEVConfig(),
-               cache_implementation="static")
+        greedy(
+            target,
+            prompt,
+            max_new_tokens=4,
+            assistant_model=drafter,
+            tev_config=TEVConfig(),
+            cache_implementation="static",
+        )
     target.config._attn_implementation = "flash_attention_2"  # not installed here; the check comes first
     with pytest.raises(ValueError, match="sdpa"):
         greedy(target, prompt, max_new_tokens=4, assistant_model=drafter, tev_config=TEVConfig())
@@ -369,8 +446,14 @@ def test_bad_inputs():
 def test_stats_are_consistent():
     target = make_target("qwen3")
     prompt = torch.tensor([PROMPTS[1]])
-    out = target.generate(prompt, do_sample=True, max_new_tokens=30, assistant_model=make_drafter(target),
-                          tev_config=TEVConfig(budget=16), return_dict_in_generate=True)
+    out = target.generate(
+        prompt,
+        do_sample=True,
+        max_new_tokens=30,
+        assistant_model=make_drafter(target),
+        tev_config=TEVConfig(budget=16),
+        return_dict_in_generate=True,
+    )
     stats = out.tev_stats
     generated = out.sequences.shape[1] - prompt.shape[1]
     # the first token comes from the prefill; every cycle emits its accepted length (the last may be cut)

@@ -12,9 +12,28 @@ def test_gpu_check_runs_on_cpu_at_tiny_sizes(tmp_path):
     gpu_check = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(gpu_check)
     output = tmp_path / "gpu_check.json"
-    report = gpu_check.main(["--device", "cpu", "--shape", "tiny", "--dtype", "float32", "--context", "16",
-                             "--max-tokens", "16", "--repeats", "1", "--kit-prompts", "1", "--new-tokens", "12",
-                             "--output", str(output)])
+    report = gpu_check.main(
+        [
+            "--device",
+            "cpu",
+            "--shape",
+            "tiny",
+            "--dtype",
+            "float32",
+            "--context",
+            "16",
+            "--max-tokens",
+            "16",
+            "--repeats",
+            "1",
+            "--kit-prompts",
+            "1",
+            "--new-tokens",
+            "12",
+            "--output",
+            str(output),
+        ]
+    )
     assert json.loads(output.read_text())["tree_pass"]["tokens"] == [1, 2, 4, 8, 16]
     assert report["kit_greedy_exact"]["all_equal"] and len(report["kit_greedy_exact"]["by_setting"]) == 9
     assert [row["budget"] for row in report["overhead"]] == ["auto"]  # fixed budgets only below --max-tokens

@@ -66,8 +66,14 @@ def test_greedy_tev_on_heldout_prompts_is_exact_with_real_acceptance(target, tok
     for prompt in prompts:
         input_ids = tokenizer(prompt, return_tensors="pt").input_ids
         expected = target.generate(input_ids, do_sample=False, max_new_tokens=40)
-        out = target.generate(input_ids, do_sample=False, max_new_tokens=40, assistant_model=drafter,
-                              tev_config=hf_tev.TEVConfig(budget=32), return_dict_in_generate=True)
+        out = target.generate(
+            input_ids,
+            do_sample=False,
+            max_new_tokens=40,
+            assistant_model=drafter,
+            tev_config=hf_tev.TEVConfig(budget=32),
+            return_dict_in_generate=True,
+        )
         assert out.sequences.tolist() == expected.tolist()
         accepted += out.tev_stats.accepted_lengths
     tau = sum(accepted) / len(accepted)
@@ -79,8 +85,15 @@ def test_sampled_tev_on_the_kit_tracks_coverage(target, tokenizer):
     drafter = load_kit_model("drafter-dflash")
     input_ids = tokenizer(load_kit_prompts("heldout", 1)[0], return_tensors="pt").input_ids
     torch.manual_seed(0)
-    out = target.generate(input_ids, do_sample=True, top_k=0, max_new_tokens=96, assistant_model=drafter,
-                          tev_config=hf_tev.TEVConfig(budget=32), return_dict_in_generate=True)
+    out = target.generate(
+        input_ids,
+        do_sample=True,
+        top_k=0,
+        max_new_tokens=96,
+        assistant_model=drafter,
+        tev_config=hf_tev.TEVConfig(budget=32),
+        return_dict_in_generate=True,
+    )
     stats = out.tev_stats
     differences = torch.tensor(stats.accepted_lengths, dtype=torch.float64) - torch.tensor(stats.coverages)
     standard_error = differences.std() / len(differences) ** 0.5

@@ -39,8 +39,12 @@ def wheel(tmp_path_factory) -> Path:
     shutil.copy(REPO_ROOT / "README.md", source)
     shutil.copytree(PACKAGE, source / "hf_tev", ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info"))
     out = tmp_path_factory.mktemp("wheel")
-    result = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-                             "-w", str(out), str(source)], capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out), str(source)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     (built,) = out.glob("hf_tev-*.whl")
     return built
@@ -62,8 +66,23 @@ def test_wheel_holds_every_module_and_data_file(wheel):
 @pytest.mark.wheel
 def test_card_renders_from_the_installed_wheel(wheel, tmp_path):
     target = tmp_path / "site"
-    result = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-compile", "-q",
-                             "--target", str(target), str(wheel)], capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--no-deps",
+            "--no-compile",
+            "-q",
+            "--target",
+            str(target),
+            str(wheel),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     script = textwrap.dedent("""
         import json, sys
@@ -77,8 +96,9 @@ def test_card_renders_from_the_installed_wheel(wheel, tmp_path):
     work = tmp_path / "elsewhere"  # not the checkout: nothing can be read from the repository
     work.mkdir()
     env = {**os.environ, "PYTHONPATH": str(target), "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf_home")}
-    result = subprocess.run([sys.executable, "-c", script], cwd=work, env=env, capture_output=True, text=True,
-                            timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-c", script], cwd=work, env=env, capture_output=True, text=True, timeout=120
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     report = json.loads(result.stdout.strip().splitlines()[-1])
     assert Path(report["hub"]).is_relative_to(target), report  # the installed copy, not the checkout
@@ -93,25 +113,44 @@ def test_card_renders_from_the_installed_wheel(wheel, tmp_path):
 
 
 def render(tmp_path, target_model_id, **kwargs):
-    card = render_model_card(target_model_id=target_model_id, objective=kwargs.pop("objective", "prefix"),
-                             block_size=16, target_layer_ids=[1, 9, 17], **kwargs)
+    card = render_model_card(
+        target_model_id=target_model_id,
+        objective=kwargs.pop("objective", "prefix"),
+        block_size=16,
+        target_layer_ids=[1, 9, 17],
+        **kwargs,
+    )
     path = tmp_path / "README.md"
     card.save(path)
     return ModelCard.load(path)  # parsed back from the file
 
 
 def test_card_metadata_parses_back(tmp_path):
-    card = render(tmp_path, "Qwen/Qwen3-4B", license="mit", datasets=["org/prompts"], repo_id="me/drafter",
-                  knobs={"tree_budget": 32, "ce_weight": 1.0, "tree_weight": 0.1}, steps=300,
-                  measured_tau={(64, 0.0): 6.1, "MT-Bench, budget 32, T=1": 4.2})
+    card = render(
+        tmp_path,
+        "Qwen/Qwen3-4B",
+        license="mit",
+        datasets=["org/prompts"],
+        repo_id="me/drafter",
+        knobs={"tree_budget": 32, "ce_weight": 1.0, "tree_weight": 0.1},
+        steps=300,
+        measured_tau={(64, 0.0): 6.1, "MT-Bench, budget 32, T=1": 4.2},
+    )
     data = card.data
     assert data.base_model == "Qwen/Qwen3-4B" and data.library_name == "hf_tev"
     assert data.pipeline_tag == "text-generation" and data.license == "mit" and data.datasets == ["org/prompts"]
     assert data.tags == ["speculative-decoding", "dflash", "tev", "exittrain", "prefix"]
-    for text in ("| block size | 16 (drafts 15 tokens per block) |", "[1, 9, 17]", "| `tree_budget` | 32 |",
-                 "| optimizer steps | 300 |", "| budget 64 | 0.0 | 6.100 |", "| MT-Bench, budget 32, T=1 | not given | 4.200 |",
-                 "total loss = 1.0 * cross-entropy + 0.1 * tree loss",
-                 "tev_config=hf_tev.TEVConfig()", 'from_pretrained("Qwen/Qwen3-4B")'):
+    for text in (
+        "| block size | 16 (drafts 15 tokens per block) |",
+        "[1, 9, 17]",
+        "| `tree_budget` | 32 |",
+        "| optimizer steps | 300 |",
+        "| budget 64 | 0.0 | 6.100 |",
+        "| MT-Bench, budget 32, T=1 | not given | 4.200 |",
+        "total loss = 1.0 * cross-entropy + 0.1 * tree loss",
+        "tev_config=hf_tev.TEVConfig()",
+        'from_pretrained("Qwen/Qwen3-4B")',
+    ):
         assert text in card.text, text
     # Defaults: apache-2.0, no datasets; the objective is a tag once.
     data = render(tmp_path, "Qwen/Qwen3-4B", objective="dflash").data
@@ -122,10 +161,18 @@ def test_base_model_only_for_a_hub_id(tmp_path, monkeypatch):
     local = tmp_path / "models" / "target"
     local.mkdir(parents=True)
     monkeypatch.chdir(tmp_path)
-    for name, hub_id in (("Qwen/Qwen3-4B", True), ("org/name-that-is-not-here", True), (str(local), False),
-                         ("models/target", False),  # exists relative to the working directory
-                         ("/nowhere/org/target", False), ("./target", False), ("~/target", False),
-                         ("tiny-code-target (examples/tiny_kit/target)", False), ("a/b/c", False), (None, False)):
+    for name, hub_id in (
+        ("Qwen/Qwen3-4B", True),
+        ("org/name-that-is-not-here", True),
+        (str(local), False),
+        ("models/target", False),  # exists relative to the working directory
+        ("/nowhere/org/target", False),
+        ("./target", False),
+        ("~/target", False),
+        ("tiny-code-target (examples/tiny_kit/target)", False),
+        ("a/b/c", False),
+        (None, False),
+    ):
         assert is_hub_id(name) is hub_id, name
         card = render(tmp_path, name)
         assert (card.data.base_model == name) if hub_id else card.data.base_model is None, name

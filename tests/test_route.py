@@ -74,8 +74,7 @@ def test_reload_does_not_wrap_twice_and_disable_restores_the_original():
             importlib.reload(importlib.import_module(module))
             importlib.reload(importlib.import_module("hf_tev"))  # runs enable() again
         assert len(routes()) == 1 and GenerationMixin.generate is route
-        out = target.generate(PROMPT, do_sample=False, max_new_tokens=8, assistant_model=drafter,
-                              tev_config=old_config)
+        out = target.generate(PROMPT, do_sample=False, max_new_tokens=8, assistant_model=drafter, tev_config=old_config)
         assert out.tolist() == expected.tolist()
         hf_tev.disable()
         assert GenerationMixin.generate is original and not hf_tev.is_enabled()
@@ -102,12 +101,12 @@ def test_disable_with_a_foreign_wrapper_keeps_theirs_and_passes_through():
         assert GenerationMixin.generate is foreign and not hf_tev.is_enabled()
         assert target.generate(PROMPT, do_sample=False, max_new_tokens=8).tolist() == expected.tolist()
         with pytest.raises(ValueError, match="tev_config"):  # our wrapper passes through: transformers refuses it
-            target.generate(PROMPT, do_sample=False, max_new_tokens=8, assistant_model=drafter,
-                            tev_config=TEVConfig())
+            target.generate(PROMPT, do_sample=False, max_new_tokens=8, assistant_model=drafter, tev_config=TEVConfig())
         hf_tev.enable()  # re-activates the wrapper under theirs, no second wrapper
         assert GenerationMixin.generate is foreign and hf_tev.is_enabled() and len(routes()) == 1
-        out = target.generate(PROMPT, do_sample=False, max_new_tokens=8, assistant_model=drafter,
-                              tev_config=TEVConfig(budget=4))
+        out = target.generate(
+            PROMPT, do_sample=False, max_new_tokens=8, assistant_model=drafter, tev_config=TEVConfig(budget=4)
+        )
         assert out.tolist() == expected.tolist() and calls[-1] == 8
     finally:
         GenerationMixin.generate = ours
@@ -135,18 +134,27 @@ def test_custom_generate_callable_entry_with_streamer_and_stop_strings():
     prompt = tokenizer("def fibonacci(n):\n", return_tensors="pt").input_ids
     expected = target.generate(prompt, do_sample=False, max_new_tokens=24)
     streamer = Collect()
-    out = target.generate(prompt, do_sample=False, max_new_tokens=24, custom_generate=tree_speculative_decode,
-                          drafter=drafter, tev_config=TEVConfig(budget=8), streamer=streamer)
+    out = target.generate(
+        prompt,
+        do_sample=False,
+        max_new_tokens=24,
+        custom_generate=tree_speculative_decode,
+        drafter=drafter,
+        tev_config=TEVConfig(budget=8),
+        streamer=streamer,
+    )
     assert out.tolist() == expected.tolist()
     assert streamer.tokens == expected[0].tolist() and streamer.ended  # the prompt, then every new token
     # stop strings need the tokenizer, which the callable route passes on
-    text = tokenizer.decode(expected[0, prompt.shape[1]:])
+    text = tokenizer.decode(expected[0, prompt.shape[1] :])
     stop = text.strip().split()[1]
     kwargs = dict(do_sample=False, max_new_tokens=24, stop_strings=[stop], tokenizer=tokenizer)
     plain = target.generate(prompt, **kwargs)
     assert plain.shape[1] < expected.shape[1]
-    for call in (dict(custom_generate=tree_speculative_decode, drafter=drafter),
-                 dict(assistant_model=drafter, tev_config=TEVConfig(budget=8))):
+    for call in (
+        dict(custom_generate=tree_speculative_decode, drafter=drafter),
+        dict(assistant_model=drafter, tev_config=TEVConfig(budget=8)),
+    ):
         assert target.generate(prompt, **kwargs, **call).tolist() == plain.tolist()
 
 
@@ -155,8 +163,16 @@ def test_custom_generate_folder_from_a_local_path(monkeypatch):
     drafter = make_drafter(target)
     expected = target.generate(PROMPT, do_sample=False, max_new_tokens=12)
     streamer = Collect()
-    out = target.generate(PROMPT, do_sample=False, max_new_tokens=12, custom_generate=str(REPO),
-                          trust_remote_code=True, assistant_model=drafter, tev_config={"budget": 6},
-                          streamer=streamer, return_dict_in_generate=True)
+    out = target.generate(
+        PROMPT,
+        do_sample=False,
+        max_new_tokens=12,
+        custom_generate=str(REPO),
+        trust_remote_code=True,
+        assistant_model=drafter,
+        tev_config={"budget": 6},
+        streamer=streamer,
+        return_dict_in_generate=True,
+    )
     assert out.sequences.tolist() == expected.tolist() and out.tev_stats.num_cycles > 0
     assert streamer.tokens == expected[0].tolist()

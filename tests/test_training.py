@@ -36,14 +36,26 @@ BLOCK_SIZE = 4
 
 def make_rows(n=8, length=16, prompt_length=3, seed=1):
     generator = torch.Generator().manual_seed(seed)
-    return [{"input_ids": torch.randint(3, 96, (length,), generator=generator).tolist(), "prompt_length": prompt_length}
-            for _ in range(n)]
+    return [
+        {"input_ids": torch.randint(3, 96, (length,), generator=generator).tolist(), "prompt_length": prompt_length}
+        for _ in range(n)
+    ]
 
 
 def make_args(tmp_path, **overrides):
-    settings = dict(output_dir=str(tmp_path / "out"), use_cpu=True, report_to=[], disable_tqdm=True,
-                    save_strategy="no", logging_steps=1, per_device_train_batch_size=2, tree_budget=6,
-                    anchors_per_sequence=3, max_steps=2, seed=0)
+    settings = dict(
+        output_dir=str(tmp_path / "out"),
+        use_cpu=True,
+        report_to=[],
+        disable_tqdm=True,
+        save_strategy="no",
+        logging_steps=1,
+        per_device_train_batch_size=2,
+        tree_budget=6,
+        anchors_per_sequence=3,
+        max_steps=2,
+        seed=0,
+    )
     settings.update(overrides)
     return ExitTrainingArguments(**settings)
 
@@ -77,8 +89,11 @@ def test_shared_block_forward_equals_one_draft_per_anchor(target, tmp_path):
         for b in range(2):
             for slot, a in enumerate(anchors[b].tolist()):
                 # Inference: context = target features of x[0:a], block [x_a, MASK...] at positions a..a+L-1.
-                context = drafter.context_features(target(input_ids[b:b + 1, :a], output_hidden_states=True).hidden_states) \
-                    if a > 0 else torch.zeros(1, 0, 64 * len(drafter.config.target_layer_ids))
+                context = (
+                    drafter.context_features(target(input_ids[b : b + 1, :a], output_hidden_states=True).hidden_states)
+                    if a > 0
+                    else torch.zeros(1, 0, 64 * len(drafter.config.target_layer_ids))
+                )
                 block = torch.full((1, BLOCK_SIZE), drafter.config.mask_token_id)
                 block[0, 0] = input_ids[b, a]
                 positions = torch.arange(a + BLOCK_SIZE)[None]
@@ -94,12 +109,15 @@ def test_batched_tree_pass_equals_plain_path_forwards(window, target):
     T = 12
     input_ids = torch.randint(3, 96, (2, T))
     owners, anchors = [0, 0, 1], [4, 9, 6]
-    trees = [build_tree(torch.randn(3, 96).log_softmax(-1), budget, input_ids[b, a])
-             for b, a, budget in zip(owners, anchors, [4, 2, 5])]
+    trees = [
+        build_tree(torch.randn(3, 96).log_softmax(-1), budget, input_ids[b, a])
+        for b, a, budget in zip(owners, anchors, [4, 2, 5])
+    ]
     with torch.no_grad():
         cache = target(input_ids, use_cache=True).cache
-        tokens, positions, mask, offsets = tree_batch_inputs(trees, owners, anchors, 2, T, torch.float32,
-                                                             context_window=window)
+        tokens, positions, mask, offsets = tree_batch_inputs(
+            trees, owners, anchors, 2, T, torch.float32, context_window=window
+        )
         logits = target(tokens, position_ids=positions, attention_mask=mask, cache=cache).logits
         for tree, b, a, offset in zip(trees, owners, anchors, offsets):
             for node in range(tree.num_nodes):
@@ -113,8 +131,12 @@ def test_batched_tree_pass_equals_plain_path_forwards(window, target):
                 plain = target(sequence, attention_mask=plain_mask, position_ids=torch.arange(n)[None]).logits[0, -1]
                 torch.testing.assert_close(logits[b, offset + node], plain, rtol=1e-4, atol=1e-4)
     if window is not None:  # the window changes what the trees see (here: anchors 9 and 6 lose context)
-        full = target(tokens, position_ids=positions, cache=target(input_ids, use_cache=True).cache,
-                      attention_mask=tree_batch_inputs(trees, owners, anchors, 2, T, torch.float32)[2]).logits
+        full = target(
+            tokens,
+            position_ids=positions,
+            cache=target(input_ids, use_cache=True).cache,
+            attention_mask=tree_batch_inputs(trees, owners, anchors, 2, T, torch.float32)[2],
+        ).logits
         assert not torch.allclose(full, logits, atol=1e-3)
 
 
@@ -138,8 +160,9 @@ def test_step_trains_the_drafter_only_and_logs_the_parts(target, tmp_path):
     drafter = make_drafter(target)
     target_before = {name: p.clone() for name, p in target.state_dict().items()}
     drafter_before = {name: p.clone() for name, p in drafter.state_dict().items()}
-    trainer = ExitTrainer(model=drafter, target_model=target, args=make_args(tmp_path, learning_rate=1e-2),
-                          train_dataset=make_rows())
+    trainer = ExitTrainer(
+        model=drafter, target_model=target, args=make_args(tmp_path, learning_rate=1e-2), train_dataset=make_rows()
+    )
     trainer.train()
     assert all(torch.equal(p, target_before[name]) for name, p in target.state_dict().items())
     assert all(p.grad is None and not p.requires_grad for p in target.parameters())
@@ -158,8 +181,14 @@ def test_step_trains_the_drafter_only_and_logs_the_parts(target, tmp_path):
 def test_loss_goes_down_on_a_fixed_batch(objective, target, tmp_path):
     # Anchors cover every candidate position, so each step sees exactly the same blocks.
     rows = make_rows(n=2, length=8, prompt_length=2)
-    args = make_args(tmp_path, objective=objective, anchors_per_sequence=8, max_steps=8, learning_rate=5e-3,
-                     lr_scheduler_type="constant")
+    args = make_args(
+        tmp_path,
+        objective=objective,
+        anchors_per_sequence=8,
+        max_steps=8,
+        learning_rate=5e-3,
+        lr_scheduler_type="constant",
+    )
     trainer = ExitTrainer(model=make_drafter(target), target_model=target, args=args, train_dataset=rows)
     trainer.train()
     history = losses(trainer)
@@ -190,9 +219,11 @@ def test_training_trees_are_scored_like_plain_target_forwards(tree_anchors, targ
     monkeypatch.setattr(trainer_module, "exittrain_loss", recording_loss)
     monkeypatch.setattr(trainer_module, "sample_anchors", lambda loss_mask, num_anchors, generator: (anchors, valid))
     drafter = make_drafter(target)
-    trainer = ExitTrainer(model=drafter, target_model=target,
-                          args=make_args(tmp_path, objective="prefix", alpha=0.01, tree_budget=5,
-                                         tree_anchors=tree_anchors))
+    trainer = ExitTrainer(
+        model=drafter,
+        target_model=target,
+        args=make_args(tmp_path, objective="prefix", alpha=0.01, tree_budget=5, tree_anchors=tree_anchors),
+    )
     batch = ExitDataCollator()(make_rows(n=2, length=12))
     loss = trainer.compute_loss(drafter, batch)
     assert torch.isfinite(loss) and len(seen) == 1
@@ -213,22 +244,30 @@ def test_training_trees_are_scored_like_plain_target_forwards(tree_anchors, targ
 
 def test_tree_knobs_reach_the_loss(target, tmp_path, monkeypatch):
     seen = []
-    monkeypatch.setattr(trainer_module, "exittrain_loss",
-                        lambda *args, **kwargs: seen.append(kwargs) or exittrain_loss(*args, **kwargs))
+    monkeypatch.setattr(
+        trainer_module, "exittrain_loss", lambda *args, **kwargs: seen.append(kwargs) or exittrain_loss(*args, **kwargs)
+    )
     drafter = make_drafter(target)
-    args = make_args(tmp_path, tree_normalization="weight_sum", ce_decay=True, gamma=3.0, ce_weight=0.5,
-                     tree_weight=0.2)
+    args = make_args(
+        tmp_path, tree_normalization="weight_sum", ce_decay=True, gamma=3.0, ce_weight=0.5, tree_weight=0.2
+    )
     trainer = ExitTrainer(model=drafter, target_model=target, args=args)
     trainer.compute_loss(drafter, ExitDataCollator()(make_rows(n=2, length=12)))
-    assert {k: seen[0][k] for k in ("tree_normalization", "ce_decay", "gamma", "ce_weight", "tree_weight")} == \
-        {"tree_normalization": "weight_sum", "ce_decay": True, "gamma": 3.0, "ce_weight": 0.5, "tree_weight": 0.2}
+    assert {k: seen[0][k] for k in ("tree_normalization", "ce_decay", "gamma", "ce_weight", "tree_weight")} == {
+        "tree_normalization": "weight_sum",
+        "ce_decay": True,
+        "gamma": 3.0,
+        "ce_weight": 0.5,
+        "tree_weight": 0.2,
+    }
 
 
 def test_steps_without_a_tree_log_no_nan(target, tmp_path):
     # 4 tokens, 2 of prompt: anchors 1 and 2 have a supervised next token but no full horizon (block size 4).
     rows = make_rows(n=4, length=4, prompt_length=2)
-    trainer = ExitTrainer(model=make_drafter(target), target_model=target, args=make_args(tmp_path, max_steps=2),
-                          train_dataset=rows)
+    trainer = ExitTrainer(
+        model=make_drafter(target), target_model=target, args=make_args(tmp_path, max_steps=2), train_dataset=rows
+    )
     trainer.train()
     logged = [entry for entry in trainer.state.log_history if "loss" in entry]
     assert len(logged) == 2
@@ -241,17 +280,23 @@ def test_steps_without_a_tree_log_no_nan(target, tmp_path):
 def test_resume_gives_the_same_next_losses(target, tmp_path):
     rows = make_rows(n=8)
     common = dict(max_steps=4, save_strategy="steps", save_steps=2)
-    straight = ExitTrainer(model=make_drafter(target), target_model=target,
-                           args=make_args(tmp_path / "a", **common), train_dataset=rows)
+    straight = ExitTrainer(
+        model=make_drafter(target), target_model=target, args=make_args(tmp_path / "a", **common), train_dataset=rows
+    )
     straight.train()
-    resumed = ExitTrainer(model=make_drafter(target, seed=123), target_model=target,
-                          args=make_args(tmp_path / "b", **common), train_dataset=rows)
+    resumed = ExitTrainer(
+        model=make_drafter(target, seed=123),
+        target_model=target,
+        args=make_args(tmp_path / "b", **common),
+        train_dataset=rows,
+    )
     resumed.train(resume_from_checkpoint=str(tmp_path / "a" / "out" / "checkpoint-2"))
     for key in ("loss", "loss_tree", "tree_1_plus_c"):
         # Steps 3 and 4 are computed after the resume (steps 1 and 2 come back from the checkpoint's state).
         assert len(losses(resumed, key, after_step=2)) == 2
-        torch.testing.assert_close(losses(resumed, key, after_step=2), losses(straight, key, after_step=2),
-                                   rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(
+            losses(resumed, key, after_step=2), losses(straight, key, after_step=2), rtol=1e-5, atol=1e-6
+        )
     checkpoint = tmp_path / "a" / "out" / "checkpoint-2"
     assert not any("target" in f.name for f in checkpoint.iterdir())
 
@@ -259,10 +304,16 @@ def test_resume_gives_the_same_next_losses(target, tmp_path):
 def test_datasets_dataset_and_loss_mask_column_work(target, tmp_path):
     datasets = pytest.importorskip("datasets")
     rows = make_rows(n=4)
-    dataset = datasets.Dataset.from_list([{"input_ids": r["input_ids"], "loss_mask": [0] * 5 + [1] * 11, "text": "x"}
-                                          for r in rows])
-    trainer = ExitTrainer(model=make_drafter(target), target_model=target,
-                          args=make_args(tmp_path, max_steps=1), train_dataset=dataset, eval_dataset=dataset)
+    dataset = datasets.Dataset.from_list(
+        [{"input_ids": r["input_ids"], "loss_mask": [0] * 5 + [1] * 11, "text": "x"} for r in rows]
+    )
+    trainer = ExitTrainer(
+        model=make_drafter(target),
+        target_model=target,
+        args=make_args(tmp_path, max_steps=1),
+        train_dataset=dataset,
+        eval_dataset=dataset,
+    )
     trainer.train()
     metrics = trainer.evaluate()
     assert {"eval_loss", "eval_loss_dflash", "eval_loss_tree", "eval_tree_1_plus_c"} <= set(metrics)
@@ -270,9 +321,13 @@ def test_datasets_dataset_and_loss_mask_column_work(target, tmp_path):
 
 def test_collator_pads_masks_and_truncates():
     collate = ExitDataCollator(pad_token_id=0, max_length=6)
-    batch = collate([{"input_ids": [5, 6, 7, 8, 9, 10, 11, 12], "prompt_length": 2},
-                     {"input_ids": [5, 6, 7], "loss_mask": [1, 0, 1]},
-                     {"input_ids": torch.tensor([9, 9, 9, 9])}])
+    batch = collate(
+        [
+            {"input_ids": [5, 6, 7, 8, 9, 10, 11, 12], "prompt_length": 2},
+            {"input_ids": [5, 6, 7], "loss_mask": [1, 0, 1]},
+            {"input_ids": torch.tensor([9, 9, 9, 9])},
+        ]
+    )
     assert batch["input_ids"].tolist() == [[5, 6, 7, 8, 9, 10], [5, 6, 7, 0, 0, 0], [9, 9, 9, 9, 0, 0]]
     assert batch["attention_mask"].tolist() == [[1] * 6, [1, 1, 1, 0, 0, 0], [1, 1, 1, 1, 0, 0]]
     assert batch["loss_mask"].int().tolist() == [[0, 0, 1, 1, 1, 1], [1, 0, 1, 0, 0, 0], [1, 1, 1, 1, 0, 0]]
@@ -291,12 +346,13 @@ def test_generate_training_data_uses_the_targets_own_responses(target):
         assert row["prompt_length"] == len(prompt)
         assert row["input_ids"] == alone[: len(row["input_ids"])]
         # Responses stop at the first EOS (kept), otherwise run to max_new_tokens.
-        response = row["input_ids"][len(prompt):]
+        response = row["input_ids"][len(prompt) :]
         assert len(response) == 6 or response[-1] == target.generation_config.eos_token_id
     # With an EOS the target emits inside a response, that response ends right after it.
     stop = rows[0]["input_ids"][3 + 2]
-    cut = generate_training_data(target, prompts[:1], max_new_tokens=6, show_progress=False, do_sample=False,
-                                 eos_token_id=stop)
+    cut = generate_training_data(
+        target, prompts[:1], max_new_tokens=6, show_progress=False, do_sample=False, eos_token_id=stop
+    )
     response = rows[0]["input_ids"][3:]
     assert cut[0]["input_ids"] == rows[0]["input_ids"][: 3 + response.index(stop) + 1]
 
@@ -330,21 +386,39 @@ def test_push_to_hub_uploads_published_layout_and_card(target, tmp_path, monkeyp
     args = make_args(tmp_path, max_steps=2, save_strategy="steps", save_steps=1)
     trainer = ExitTrainer(model=drafter, target_model=target, args=args, train_dataset=make_rows(n=4))
     trainer.train()
-    result = trainer.push_to_hub("me/tiny-exittrain", target_model_id="me/tiny-target",
-                                 dataset_description="Four random sequences.", measured_tau={64: 3.25},
-                                 tau_temperature=0.0, license="mit", datasets=["me/prompts"])
+    result = trainer.push_to_hub(
+        "me/tiny-exittrain",
+        target_model_id="me/tiny-target",
+        dataset_description="Four random sequences.",
+        measured_tau={64: 3.25},
+        tau_temperature=0.0,
+        license="mit",
+        datasets=["me/prompts"],
+    )
     assert result == "commit-url"
     (create, repo_id, create_kwargs), (upload, upload_repo, upload_kwargs) = RecordingHfApi.calls
-    assert (create, repo_id, upload, upload_repo) == ("create_repo", "me/tiny-exittrain", "upload_folder", "me/tiny-exittrain")
+    assert (create, repo_id, upload, upload_repo) == (
+        "create_repo",
+        "me/tiny-exittrain",
+        "upload_folder",
+        "me/tiny-exittrain",
+    )
     assert create_kwargs["exist_ok"] is True
     assert {"config.json", "model.safetensors", "README.md"} <= set(upload_kwargs["files"])
-    assert "checkpoint-*" in upload_kwargs["ignore_patterns"] and "training_args.bin" in upload_kwargs["ignore_patterns"]
+    assert (
+        "checkpoint-*" in upload_kwargs["ignore_patterns"] and "training_args.bin" in upload_kwargs["ignore_patterns"]
+    )
 
     folder = Path(upload_kwargs["folder_path"])
     with safe_open(folder / "model.safetensors", "pt") as weights:
         names = set(weights.keys())
-    assert {"fc.weight", "hidden_norm.weight", "norm.weight", "layers.0.self_attn.q_proj.weight",
-            "layers.0.mlp.down_proj.weight"} <= names
+    assert {
+        "fc.weight",
+        "hidden_norm.weight",
+        "norm.weight",
+        "layers.0.self_attn.q_proj.weight",
+        "layers.0.mlp.down_proj.weight",
+    } <= names
     assert not any("embed" in name or "lm_head" in name for name in names)  # no target weights
     config = json.loads((folder / "config.json").read_text())
     assert config["block_size"] == BLOCK_SIZE and config["architectures"] == ["DFlashDraftModel"]
@@ -352,14 +426,27 @@ def test_push_to_hub_uploads_published_layout_and_card(target, tmp_path, monkeyp
 
     card = (folder / "README.md").read_text()
     assert "$" not in card.replace("$ ", "")  # every placeholder filled
-    for text in ("me/tiny-exittrain", "**exit**", "| `tree_budget` | 6 |", "| `ce_weight` | 1.0 |",
-                 "| `tree_weight` | 0.1 |", "| `alpha` | 0.0001 |", "| `gamma` | 7.0 (unused) |",
-                 "| `tree_normalization` | nodes |", "| `tree_anchors` | full_horizon |",
-                 "| `tree_context_window` | None |", "| `anchors_per_sequence` | 3 |", "| optimizer steps | 2 |",
-                 "plain mean over the supervised block positions", "divided by their number of drafted nodes",
-                 "Four random sequences.", "| budget 64 | 0.0 | 3.250 |",
-                 'DFlashDraftModel.from_pretrained("me/tiny-exittrain")', "tev_config=hf_tev.TEVConfig()",
-                 "assistant_model=drafter"):
+    for text in (
+        "me/tiny-exittrain",
+        "**exit**",
+        "| `tree_budget` | 6 |",
+        "| `ce_weight` | 1.0 |",
+        "| `tree_weight` | 0.1 |",
+        "| `alpha` | 0.0001 |",
+        "| `gamma` | 7.0 (unused) |",
+        "| `tree_normalization` | nodes |",
+        "| `tree_anchors` | full_horizon |",
+        "| `tree_context_window` | None |",
+        "| `anchors_per_sequence` | 3 |",
+        "| optimizer steps | 2 |",
+        "plain mean over the supervised block positions",
+        "divided by their number of drafted nodes",
+        "Four random sequences.",
+        "| budget 64 | 0.0 | 3.250 |",
+        'DFlashDraftModel.from_pretrained("me/tiny-exittrain")',
+        "tev_config=hf_tev.TEVConfig()",
+        "assistant_model=drafter",
+    ):
         assert text in card, text
     for name in ExitTrainingArguments.knob_names:  # every knob is recorded
         assert f"| `{name}` |" in card, name
@@ -387,9 +474,18 @@ def test_push_to_hub_offline_fails_before_writing_anything(target, tmp_path, mon
 
 def test_defaults_follow_the_released_code_and_knobs_are_the_exittrain_fields(tmp_path):
     args = ExitTrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to=[])
-    assert (args.objective, args.anchors_per_sequence, args.tree_anchors, args.tree_normalization, args.ce_decay,
-            args.tree_context_window, args.tree_budget, args.ce_weight, args.tree_weight, args.alpha) == \
-        ("exit", 32, "full_horizon", "nodes", None, None, 32, 1.0, 0.1, 1e-4)
+    assert (
+        args.objective,
+        args.anchors_per_sequence,
+        args.tree_anchors,
+        args.tree_normalization,
+        args.ce_decay,
+        args.tree_context_window,
+        args.tree_budget,
+        args.ce_weight,
+        args.tree_weight,
+        args.alpha,
+    ) == ("exit", 32, "full_horizon", "nodes", None, None, 32, 1.0, 0.1, 1e-4)
     from dataclasses import fields
 
     from transformers import TrainingArguments
@@ -431,10 +527,21 @@ def test_two_process_ddp_on_cpu(tmp_path):
     script = tmp_path / "ddp_train.py"
     script.write_text(DDP_SCRIPT)
     out = tmp_path / "out"
-    env = {**os.environ, "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), str(REPO_ROOT / "tests"), os.environ.get("PYTHONPATH", "")])}
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-               str(script), str(out)]
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), str(REPO_ROOT / "tests"), os.environ.get("PYTHONPATH", "")]),
+    }
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+        str(script),
+        str(out),
+    ]
     result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=240)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
@@ -458,8 +565,13 @@ def test_clear_errors_for_bad_input(target, tmp_path):
         make_args(tmp_path, remove_unused_columns=True)
     with pytest.raises(ValueError, match="alpha"):
         make_args(tmp_path, alpha=0.0)
-    for knob, value in (("tree_normalization", "mean"), ("tree_anchors", "some"), ("tree_context_window", 0),
-                         ("ce_decay", "yes"), ("anchors_per_sequence", 0)):
+    for knob, value in (
+        ("tree_normalization", "mean"),
+        ("tree_anchors", "some"),
+        ("tree_context_window", 0),
+        ("ce_decay", "yes"),
+        ("anchors_per_sequence", 0),
+    ):
         with pytest.raises(ValueError, match=knob):
             make_args(tmp_path, **{knob: value})
     with pytest.raises(ValueError, match="input_ids"):

@@ -26,8 +26,9 @@ def brute_force_tree(draft_logprobs: torch.Tensor, budget: int):
     rows = draft_logprobs.double().tolist()
     num_depths, vocab = draft_logprobs.shape
     # Rank of each token at each depth: descending value, ascending token id on ties.
-    ranks = [{tok: r for r, tok in enumerate(sorted(range(vocab), key=lambda t, row=row: (-row[t], t)))}
-             for row in rows]
+    ranks = [
+        {tok: r for r, tok in enumerate(sorted(range(vocab), key=lambda t, row=row: (-row[t], t)))} for row in rows
+    ]
     keyed = []
     for depth in range(1, num_depths + 1):
         for path in itertools.product(range(vocab), repeat=depth):
@@ -61,7 +62,7 @@ def assert_tree_equals_brute_force(draft_logprobs, budget, root=7):
 
 
 def num_paths(num_depths, vocab):
-    return sum(vocab ** d for d in range(1, num_depths + 1))
+    return sum(vocab**d for d in range(1, num_depths + 1))
 
 
 @pytest.mark.parametrize("num_depths,vocab", [(1, 4), (2, 3), (3, 4), (4, 3), (3, 5)])
@@ -69,8 +70,9 @@ def test_builder_equals_brute_force_continuous(num_depths, vocab):
     gen = torch.Generator().manual_seed(num_depths * 10 + vocab)
     for trial in range(6):
         logprobs = (2 * torch.randn(num_depths, vocab, generator=gen)).log_softmax(-1)
-        for budget in sorted({0, 1, 2, 3, vocab, vocab + 1, 7, 13, num_paths(num_depths, vocab),
-                              num_paths(num_depths, vocab) + 5}):
+        for budget in sorted(
+            {0, 1, 2, 3, vocab, vocab + 1, 7, 13, num_paths(num_depths, vocab), num_paths(num_depths, vocab) + 5}
+        ):
             assert_tree_equals_brute_force(logprobs, budget)
 
 
@@ -238,18 +240,30 @@ def test_bad_inputs_raise_clear_errors():
 
 
 def test_draft_tree_properties():
-    tree = DraftTree(tokens=torch.tensor([4, 5, 6]), depths=torch.tensor([0, 1, 1]),
-                     parents=torch.tensor([-1, 0, 0]), visibility=torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]]).bool())
+    tree = DraftTree(
+        tokens=torch.tensor([4, 5, 6]),
+        depths=torch.tensor([0, 1, 1]),
+        parents=torch.tensor([-1, 0, 0]),
+        visibility=torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]]).bool(),
+    )
     assert tree.num_nodes == 3 and tree.max_depth == 1 and tree.internal_nodes.tolist() == [0]
 
 
 def test_draft_tree_rejects_bad_shapes():
-    ok = dict(tokens=torch.tensor([4, 5]), depths=torch.tensor([0, 1]), parents=torch.tensor([-1, 0]),
-              visibility=torch.tensor([[True, False], [True, True]]))
+    ok = dict(
+        tokens=torch.tensor([4, 5]),
+        depths=torch.tensor([0, 1]),
+        parents=torch.tensor([-1, 0]),
+        visibility=torch.tensor([[True, False], [True, True]]),
+    )
     assert DraftTree(**ok).max_depth == 1 and DraftTree(**ok).lists.children == [[1], []]
-    for name, bad in [("tokens", torch.tensor([4.0, 5.0])), ("depths", torch.tensor([0])),
-                      ("parents", torch.tensor([[-1, 0]])), ("visibility", torch.ones(2, 3, dtype=torch.bool)),
-                      ("visibility", torch.ones(2, 2))]:
+    for name, bad in [
+        ("tokens", torch.tensor([4.0, 5.0])),
+        ("depths", torch.tensor([0])),
+        ("parents", torch.tensor([[-1, 0]])),
+        ("visibility", torch.ones(2, 3, dtype=torch.bool)),
+        ("visibility", torch.ones(2, 2)),
+    ]:
         with pytest.raises(ValueError, match=name):
             DraftTree(**{**ok, name: bad})
 

@@ -32,8 +32,9 @@ def make_tree(parents, tokens) -> DraftTree:
             visibility[node, u] = True
             u, depth = parents[u], depth + 1
         depths.append(depth - 1)
-    return DraftTree(tokens=torch.tensor(tokens), depths=torch.tensor(depths), parents=torch.tensor(parents),
-                     visibility=visibility)
+    return DraftTree(
+        tokens=torch.tensor(tokens), depths=torch.tensor(depths), parents=torch.tensor(parents), visibility=visibility
+    )
 
 
 def children_of(tree):
@@ -187,7 +188,13 @@ def case_branchy_flat():
     return tree, random_probs(7, 4, seed=4, scale=0.5)  # many cells with a sizeable mass
 
 
-CASES = {"branchy": case_branchy, "branchy_flat": case_branchy_flat, "edge_rows": case_edge_rows, "built": case_built, "chain_f32": case_chain_float32}
+CASES = {
+    "branchy": case_branchy,
+    "branchy_flat": case_branchy_flat,
+    "edge_rows": case_edge_rows,
+    "built": case_built,
+    "chain_f32": case_chain_float32,
+}
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -234,7 +241,7 @@ def test_enumeration_explores_every_draw(monkeypatch):
     # so its enumeration must run through the product of all row supports.
     tree, probs = case_chain_float32()
     _, runs = enumerate_law(verify_predraw, tree, probs, monkeypatch)
-    assert runs > 4 ** tree.num_nodes
+    assert runs > 4**tree.num_nodes
     _, runs = enumerate_law(verify_tev, tree, probs, monkeypatch)
     assert runs < 4 * tree.num_nodes + 8  # two draws only
 

@@ -143,8 +143,13 @@ def main():
     parser.add_argument("--out", type=Path, default=KIT_DIR / "build")
     parser.add_argument("--tokenizer", type=Path, default=TARGET_DIR / "tokenizer.json")
     parser.add_argument("--target-heldout", type=Path, default=TARGET_DIR / "heldout_files.json")
-    parser.add_argument("--root", action="append", default=[], metavar="NAME=PATH",
-                        help="extra source root (e.g. venv_site=/path/to/venv/lib/python3.11/site-packages)")
+    parser.add_argument(
+        "--root",
+        action="append",
+        default=[],
+        metavar="NAME=PATH",
+        help="extra source root (e.g. venv_site=/path/to/venv/lib/python3.11/site-packages)",
+    )
     parser.add_argument("--seed", type=int, default=0, help="document shuffle seed for the .bin files")
     args = parser.parse_args()
 
@@ -161,8 +166,11 @@ def main():
     records.sort(key=lambda r: r["sha1"])
     heldout = [r for r in records if is_heldout(r["sha1"])]
     train = [r for r in records if not is_heldout(r["sha1"])]
-    print(f"{counts['seen']} .py files, {counts['rejected']} rejected by the filters, "
-          f"{counts['duplicates']} duplicates; train {len(train)}, held-out {len(heldout)}", flush=True)
+    print(
+        f"{counts['seen']} .py files, {counts['rejected']} rejected by the filters, "
+        f"{counts['duplicates']} duplicates; train {len(train)}, held-out {len(heldout)}",
+        flush=True,
+    )
 
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "files_train.json").write_text(json.dumps(train, indent=0))

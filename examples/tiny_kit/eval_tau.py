@@ -23,8 +23,10 @@ KIT = Path(__file__).resolve().parent
 
 def load_prompts(count):
     tokenizer = load_kit_tokenizer()
-    return {name: [tokenizer(prompt, return_tensors="pt").input_ids for prompt in load_kit_prompts(name, count)]
-            for name in ("heldout", "humaneval")}
+    return {
+        name: [tokenizer(prompt, return_tensors="pt").input_ids for prompt in load_kit_prompts(name, count)]
+        for name in ("heldout", "humaneval")
+    }
 
 
 def main():
@@ -41,8 +43,10 @@ def main():
 
     target = load_kit_model("target")
     prompt_sets = load_prompts(args.prompts)
-    drafters = {name: load_kit_model(name) if name in KIT_MODELS else hf_tev.DFlashDraftModel.from_pretrained(name).eval()
-                for name in args.drafters.split(",")}  # kit names or drafter folders
+    drafters = {
+        name: load_kit_model(name) if name in KIT_MODELS else hf_tev.DFlashDraftModel.from_pretrained(name).eval()
+        for name in args.drafters.split(",")
+    }  # kit names or drafter folders
     records = []
     for temperature in [float(t) for t in args.temperatures.split(",")]:
         sampling = dict(do_sample=True, temperature=temperature, top_k=0) if temperature > 0 else dict(do_sample=False)
@@ -52,17 +56,33 @@ def main():
                     blocks, coverage = [], []
                     for index, input_ids in enumerate(prompts):
                         torch.manual_seed(index)  # the same seeds for every drafter
-                        out = target.generate(input_ids, assistant_model=drafter, max_new_tokens=args.max_new_tokens,
-                                              tev_config=hf_tev.TEVConfig(budget=budget), return_dict_in_generate=True,
-                                              **sampling)
+                        out = target.generate(
+                            input_ids,
+                            assistant_model=drafter,
+                            max_new_tokens=args.max_new_tokens,
+                            tev_config=hf_tev.TEVConfig(budget=budget),
+                            return_dict_in_generate=True,
+                            **sampling,
+                        )
                         blocks += out.tev_stats.accepted_lengths
                         coverage += out.tev_stats.coverages
-                    record = dict(drafter=name, budget=budget, temperature=temperature, prompt_set=set_name,
-                                  tau=sum(blocks) / len(blocks), coverage=sum(coverage) / len(coverage),
-                                  cycles=len(blocks), prompts=len(prompts), max_new_tokens=args.max_new_tokens)
+                    record = dict(
+                        drafter=name,
+                        budget=budget,
+                        temperature=temperature,
+                        prompt_set=set_name,
+                        tau=sum(blocks) / len(blocks),
+                        coverage=sum(coverage) / len(coverage),
+                        cycles=len(blocks),
+                        prompts=len(prompts),
+                        max_new_tokens=args.max_new_tokens,
+                    )
                     records.append(record)
-                    print(f"T={temperature:g} B={budget:<3} {set_name:<9} {name:<18} tau {record['tau']:.3f} "
-                          f"1+C {record['coverage']:.3f} ({len(blocks)} cycles)", flush=True)
+                    print(
+                        f"T={temperature:g} B={budget:<3} {set_name:<9} {name:<18} tau {record['tau']:.3f} "
+                        f"1+C {record['coverage']:.3f} ({len(blocks)} cycles)",
+                        flush=True,
+                    )
     Path(args.output).write_text(json.dumps(records, indent=1))
 
 

@@ -75,9 +75,15 @@ def main():
         # similar lengths in one generate call waste less compute on left padding
         chunk = sorted(chunk, key=lambda p: len(p["prompt"]))
         torch.manual_seed(args.seed * 1_000_003 + start)  # each chunk reproducible on its own (resume)
-        rows = generate_training_data(target, [p["prompt"] for p in chunk], tokenizer=tokenizer,
-                                      max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
-                                      show_progress=False, **sampling)
+        rows = generate_training_data(
+            target,
+            [p["prompt"] for p in chunk],
+            tokenizer=tokenizer,
+            max_new_tokens=args.max_new_tokens,
+            batch_size=args.batch_size,
+            show_progress=False,
+            **sampling,
+        )
         with open(args.out, "a") as f:
             for prompt, row in zip(chunk, rows):
                 f.write(json.dumps({**row, "prompt_id": prompt["id"]}) + "\n")
@@ -86,9 +92,20 @@ def main():
         progress.update(len(rows))
     progress.close()
     seconds = time.time() - started
-    print(json.dumps({"rows_written": new_rows, "rows_total": count_rows(args.out), "new_tokens": new_tokens,
-                      "seconds": round(seconds, 1), "rows_per_s": round(new_rows / max(seconds, 1e-9), 3),
-                      "new_tokens_per_s": round(new_tokens / max(seconds, 1e-9), 1), **vars(args)}, default=str))
+    print(
+        json.dumps(
+            {
+                "rows_written": new_rows,
+                "rows_total": count_rows(args.out),
+                "new_tokens": new_tokens,
+                "seconds": round(seconds, 1),
+                "rows_per_s": round(new_rows / max(seconds, 1e-9), 3),
+                "new_tokens_per_s": round(new_tokens / max(seconds, 1e-9), 1),
+                **vars(args),
+            },
+            default=str,
+        )
+    )
 
 
 if __name__ == "__main__":

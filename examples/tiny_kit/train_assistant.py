@@ -32,10 +32,19 @@ def make_model(args):
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     config = Qwen3Config(
-        vocab_size=4096, hidden_size=args.hidden_size, intermediate_size=args.intermediate_size,
-        num_hidden_layers=args.num_layers, num_attention_heads=args.hidden_size // 64,
-        num_key_value_heads=args.hidden_size // 64, head_dim=64, max_position_embeddings=2048,
-        tie_word_embeddings=True, bos_token_id=0, eos_token_id=0, pad_token_id=0, rms_norm_eps=1e-6,
+        vocab_size=4096,
+        hidden_size=args.hidden_size,
+        intermediate_size=args.intermediate_size,
+        num_hidden_layers=args.num_layers,
+        num_attention_heads=args.hidden_size // 64,
+        num_key_value_heads=args.hidden_size // 64,
+        head_dim=64,
+        max_position_embeddings=2048,
+        tie_word_embeddings=True,
+        bos_token_id=0,
+        eos_token_id=0,
+        pad_token_id=0,
+        rms_norm_eps=1e-6,
         rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
     )
     torch.manual_seed(args.seed)
@@ -82,13 +91,16 @@ def make_optimizer(model, args):
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
     return torch.optim.AdamW(
         [{"params": decay, "weight_decay": args.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=args.lr, betas=(0.9, 0.95),
+        lr=args.lr,
+        betas=(0.9, 0.95),
     )
 
 
 def write_model_card(out: Path, args, model, log: dict):
     final = log["log"][-1]
-    rows = "\n".join(f"| {e['tokens'] / 1e6:.1f}M | {e['step']} | {e['sec']} | {e['val']:.3f} |" for e in log["log"][1:])
+    rows = "\n".join(
+        f"| {e['tokens'] / 1e6:.1f}M | {e['step']} | {e['sec']} | {e['val']:.3f} |" for e in log["log"][1:]
+    )
     n_params = sum(p.numel() for p in model.parameters())
     text = f"""---
 license: mit
@@ -111,21 +123,21 @@ as BOS / EOS / PAD), tied embeddings, {n_params / 1e6:.2f}M parameters, float32.
 The TRAIN split of the kit's corpus (`examples/tiny_kit/build_corpus.py`): every `.py` file
 (200 B to 200 kB, UTF-8, no line over 1000 characters) of the interpreter's standard library
 with its `site-packages` and Debian's `/usr/lib/python3*`, deduplicated by SHA-1, files whose
-SHA-1 starts with a byte < 3 held out (the target's rule). Train: {log['corpus']['train_files']:,} files,
-{log['corpus']['train_tokens'] / 1e6:.1f}M tokens; held-out: {log['corpus']['heldout_files']} files,
-{log['corpus']['heldout_tokens'] / 1e6:.2f}M tokens.
+SHA-1 starts with a byte < 3 held out (the target's rule). Train: {log["corpus"]["train_files"]:,} files,
+{log["corpus"]["train_tokens"] / 1e6:.1f}M tokens; held-out: {log["corpus"]["heldout_files"]} files,
+{log["corpus"]["heldout_tokens"] / 1e6:.2f}M tokens.
 
 ## Training
 From scratch, seed {args.seed}. AdamW (betas 0.9 / 0.95, weight decay {args.weight_decay} on matrices),
 peak LR {args.lr}, {args.warmup_steps} warm-up steps, cosine decay to 10% over a wall-clock budget of
 {args.minutes} min, gradient clipping 1.0, batch {args.batch_size} x {args.seq_len} tokens, bf16 autocast on CPU,
 {args.threads} thread(s) under `nice -n 10` on a 2-core machine shared with other jobs.
-Wall clock {final['sec']:,} s, {final['step']:,} steps, {final['tokens'] / 1e6:.1f}M tokens
-({final['tokens'] / max(final['sec'], 1):,.0f} tokens/s).
+Wall clock {final["sec"]:,} s, {final["step"]:,} steps, {final["tokens"] / 1e6:.1f}M tokens
+({final["tokens"] / max(final["sec"], 1):,.0f} tokens/s).
 
 Validation: mean next-token loss (nats/token) on {args.val_windows} fixed windows of {args.seq_len} tokens
-from the held-out split. Final **{final['val']:.3f}** (perplexity {math.exp(final['val']):.1f});
-the tiny-code-target scores {log['target_val']:.3f} on the same windows, the untrained model {log['log'][0]['val']:.3f}.
+from the held-out split. Final **{final["val"]:.3f}** (perplexity {math.exp(final["val"]):.1f});
+the tiny-code-target scores {log["target_val"]:.3f} on the same windows, the untrained model {log["log"][0]["val"]:.3f}.
 
 | tokens seen | step | seconds | validation loss |
 |---|---|---|---|
@@ -174,12 +186,17 @@ def main():
     model.train()
     optimizer = make_optimizer(model, args)
     rng = np.random.default_rng(args.seed)
-    print(f"{sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters; train {len(train_tokens):,} tokens", flush=True)
+    print(
+        f"{sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters; train {len(train_tokens):,} tokens",
+        flush=True,
+    )
 
     corpus = json.loads((args.build / "corpus_stats.json").read_text())
-    log = {"args": {k: str(v) for k, v in vars(args).items()},
-           "corpus": {k: corpus[k] for k in ("train_files", "heldout_files", "train_tokens", "heldout_tokens")},
-           "log": [{"step": 0, "tokens": 0, "sec": 0, "val": round(mean_loss(model, val), 4)}]}
+    log = {
+        "args": {k: str(v) for k, v in vars(args).items()},
+        "corpus": {k: corpus[k] for k in ("train_files", "heldout_files", "train_tokens", "heldout_tokens")},
+        "log": [{"step": 0, "tokens": 0, "sec": 0, "val": round(mean_loss(model, val), 4)}],
+    }
     budget = args.minutes * 60.0
     started = last_eval = time.time()
     step, tokens, train_ema = 0, 0, None
@@ -203,16 +220,30 @@ def main():
         train_ema = loss.item() if train_ema is None else 0.98 * train_ema + 0.02 * loss.item()
         if time.time() - last_eval >= args.eval_every:
             last_eval = time.time()
-            entry = {"step": step, "tokens": tokens, "sec": round(last_eval - started), "train_ema": round(train_ema, 4),
-                     "val": round(mean_loss(model, val), 4), "lr": lr}
+            entry = {
+                "step": step,
+                "tokens": tokens,
+                "sec": round(last_eval - started),
+                "train_ema": round(train_ema, 4),
+                "val": round(mean_loss(model, val), 4),
+                "lr": lr,
+            }
             log["log"].append(entry)
             print(json.dumps(entry), flush=True)
             args.out.mkdir(parents=True, exist_ok=True)
             (args.out / "trainlog.json").write_text(json.dumps(log, indent=1))
 
     seconds = round(time.time() - started)
-    log["log"].append({"step": step, "tokens": tokens, "sec": seconds, "train_ema": round(train_ema, 4),
-                       "val": round(mean_loss(model, val), 4), "final": True})
+    log["log"].append(
+        {
+            "step": step,
+            "tokens": tokens,
+            "sec": seconds,
+            "train_ema": round(train_ema, 4),
+            "val": round(mean_loss(model, val), 4),
+            "final": True,
+        }
+    )
     from transformers import AutoModelForCausalLM
 
     target = AutoModelForCausalLM.from_pretrained(args.target, dtype=torch.float32)

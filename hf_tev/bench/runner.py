@@ -96,25 +96,31 @@ class BenchConfig:
             self.methods = [REFERENCE_METHOD, *self.methods]
         need_assistant = [m for m in self.methods if METHODS[m].uses_assistant]
         if self.target is not None and need_assistant and self.assistant is None:
-            raise ValueError(f"Method {', '.join(map(repr, need_assistant))} needs --assistant (a small causal LM "
-                             "with the target's tokenizer) when --target is given")
+            raise ValueError(
+                f"Method {', '.join(map(repr, need_assistant))} needs --assistant (a small causal LM "
+                "with the target's tokenizer) when --target is given"
+            )
         if self.drafters is None:
             self.drafters = [] if self.target else _present_kit_drafters()
         if self.target is None:
             unknown = [d for d in self.drafters if d not in KIT_DRAFTERS and not Path(d).is_dir()]
             if unknown:
-                raise ValueError(f"Unknown drafter {unknown}: the kit has {KIT_DRAFTERS}; a folder of a DFlash drafter "
-                                 "also works (a Hub id needs --target as well)")
+                raise ValueError(
+                    f"Unknown drafter {unknown}: the kit has {KIT_DRAFTERS}; a folder of a DFlash drafter "
+                    "also works (a Hub id needs --target as well)"
+                )
         needs_drafter = [m for m in self.methods if METHODS[m].uses_drafter]
         if needs_drafter and not self.drafters:
             raise ValueError(f"Methods {needs_drafter} need a drafter: pass --drafters")
-        if not self.budgets or any(b != "auto" and (isinstance(b, bool) or not isinstance(b, int) or b < 0)
-                                   for b in self.budgets):
+        if not self.budgets or any(
+            b != "auto" and (isinstance(b, bool) or not isinstance(b, int) or b < 0) for b in self.budgets
+        ):
             raise ValueError(f'budgets must be non-empty non-negative ints or "auto", got {self.budgets}')
         if not self.temperatures or any(not math.isfinite(t) or t < 0 for t in self.temperatures):
             raise ValueError(f"temperatures must be non-empty finite numbers >= 0, got {self.temperatures}")
-        if self.top_k is not None and (isinstance(self.top_k, bool) or not isinstance(self.top_k, int)
-                                       or self.top_k < 0):
+        if self.top_k is not None and (
+            isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0
+        ):
             raise ValueError(f"top_k must be an int >= 0 (0: off), got {self.top_k!r}")
         if self.top_p is not None and not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1] (1: off), got {self.top_p!r}")
@@ -157,16 +163,26 @@ def _present_kit_drafters() -> list[str]:
     return [name for name in KIT_DRAFTERS if (root / name / "config.json").is_file()]
 
 
-def sampling_kwargs(temperature: float, stop_at_eos: bool, top_k: int | None = None, top_p: float | None = None,
-                    min_p: float | None = None) -> dict:
+def sampling_kwargs(
+    temperature: float,
+    stop_at_eos: bool,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    min_p: float | None = None,
+) -> dict:
     """What `generate` gets at `temperature`: greedy at 0, else pure temperature sampling (top-k / top-p / min-p
     off whatever the model's defaults, unless given). Without `stop_at_eos`, `eos_token_id=None`: every run
     produces exactly `max_new_tokens`."""
     if temperature == 0:
         kwargs = dict(do_sample=False)
     else:
-        kwargs = dict(do_sample=True, temperature=temperature, top_k=0 if top_k is None else top_k,
-                      top_p=1.0 if top_p is None else top_p, min_p=min_p)
+        kwargs = dict(
+            do_sample=True,
+            temperature=temperature,
+            top_k=0 if top_k is None else top_k,
+            top_p=1.0 if top_p is None else top_p,
+            min_p=min_p,
+        )
     if not stop_at_eos:
         kwargs["eos_token_id"] = None
     return kwargs
@@ -343,13 +359,14 @@ def run_once(models: BenchModels, probe: ForwardProbe, job: Job, input_ids, max_
     if sync:
         torch.cuda.synchronize()
     start = time.perf_counter()
-    out = models.target.generate(input_ids, attention_mask=torch.ones_like(input_ids), max_new_tokens=max_new_tokens,
-                                 **sampling, **kwargs)
+    out = models.target.generate(
+        input_ids, attention_mask=torch.ones_like(input_ids), max_new_tokens=max_new_tokens, **sampling, **kwargs
+    )
     if sync:
         torch.cuda.synchronize()
     end = time.perf_counter()
     sequences = out if isinstance(out, torch.Tensor) else out.sequences
-    run = Run(end - start, sequences[:, input_ids.shape[1]:].cpu(), probe.target_forwards)
+    run = Run(end - start, sequences[:, input_ids.shape[1] :].cpu(), probe.target_forwards)
     if method.tev_verifier is not None:
         run.stats = out.tev_stats
         run.setup_s = probe.first_forward_start - start
@@ -371,12 +388,45 @@ def capture_logits_processor(target, input_ids, sampling):
 # Aggregation
 # --------------------------------------------------------------------------------------------------------
 RECORD_FIELDS = (
-    "method", "drafter", "budget", "temperature", "prompt_set", "prompts", "max_new_tokens", "repeats",
-    "new_tokens", "target_forwards", "cycles", "tau", "tau_counted", "coverage", "coverage_z", "time_s",
-    "ar_time_s", "speedup", "tokens_per_s", "greedy_exact", "tokens_sha1", "draft_ms", "build_ms", "forward_ms",
-    "verify_ms", "cycle_ms", "model_ms", "overhead_ms", "overhead_fraction", "setup_ms", "prefill_ms",
-    "verifier_stage_ms", "verifier_stage_ddtree_ms", "verifier_stage_reduction", "verifier_stage_cycles",
-    "tree_size_mean", "tree_size_quartiles", "plain_cycle_fraction", "predicted_tau",
+    "method",
+    "drafter",
+    "budget",
+    "temperature",
+    "prompt_set",
+    "prompts",
+    "max_new_tokens",
+    "repeats",
+    "new_tokens",
+    "target_forwards",
+    "cycles",
+    "tau",
+    "tau_counted",
+    "coverage",
+    "coverage_z",
+    "time_s",
+    "ar_time_s",
+    "speedup",
+    "tokens_per_s",
+    "greedy_exact",
+    "tokens_sha1",
+    "draft_ms",
+    "build_ms",
+    "forward_ms",
+    "verify_ms",
+    "cycle_ms",
+    "model_ms",
+    "overhead_ms",
+    "overhead_fraction",
+    "setup_ms",
+    "prefill_ms",
+    "verifier_stage_ms",
+    "verifier_stage_ddtree_ms",
+    "verifier_stage_reduction",
+    "verifier_stage_cycles",
+    "tree_size_mean",
+    "tree_size_quartiles",
+    "plain_cycle_fraction",
+    "predicted_tau",
 )
 
 
@@ -408,9 +458,17 @@ def summarise(job: Job, runs_per_prompt: list[list[Run]], ar_runs: list[list[Run
     for run in firsts:
         digest.update(run.sequence.numpy().tobytes())
     counted = sum(run.sequence.shape[1] - 1 for run in firsts) / max(1, sum(run.target_forwards - 1 for run in firsts))
-    fields_ = dict(new_tokens=new_tokens, target_forwards=forwards, tau_counted=counted, tau=counted, time_s=time_s,
-                   ar_time_s=ar_time_s, speedup=ar_time_s / time_s, tokens_per_s=new_tokens / time_s,
-                   tokens_sha1=digest.hexdigest())
+    fields_ = dict(
+        new_tokens=new_tokens,
+        target_forwards=forwards,
+        tau_counted=counted,
+        tau=counted,
+        time_s=time_s,
+        ar_time_s=ar_time_s,
+        speedup=ar_time_s / time_s,
+        tokens_per_s=new_tokens / time_s,
+        tokens_sha1=digest.hexdigest(),
+    )
     if METHODS[job.method].tev_verifier is None:
         return fields_
     blocks = [length for run in firsts for length in run.stats.accepted_lengths]
@@ -421,7 +479,8 @@ def summarise(job: Job, runs_per_prompt: list[list[Run]], ar_runs: list[list[Run
         return _median_ms([seconds_of(run) / run.stats.num_cycles for run in timed])
 
     fields_.update(
-        cycles=len(blocks), tau=sum(blocks) / max(1, len(blocks)),
+        cycles=len(blocks),
+        tau=sum(blocks) / max(1, len(blocks)),
         coverage=statistics.fmean(coverages) if coverages else None,
         coverage_z=z_statistic([b - c for b, c in zip(blocks, coverages)]),
         draft_ms=per_cycle_ms(lambda run: sum(run.stats.draft_times)),
@@ -432,7 +491,8 @@ def summarise(job: Job, runs_per_prompt: list[list[Run]], ar_runs: list[list[Run
         model_ms=per_cycle_ms(lambda run: run.loop_model_s),
         overhead_ms=per_cycle_ms(lambda run: run.loop_s - run.loop_model_s),
         overhead_fraction=statistics.median((run.loop_s - run.loop_model_s) / run.loop_s for run in timed)
-        if timed else None,
+        if timed
+        else None,
         setup_ms=_median_ms([run.setup_s for run in timed]),
         prefill_ms=_median_ms([run.stats.prefill_time for run in timed]),
         **tree_size_fields(firsts),
@@ -448,9 +508,12 @@ def tree_size_fields(runs: list[Run]) -> dict:
     if not sizes:
         return {}
     quartiles = [sizes[min(len(sizes) - 1, int(q * len(sizes)))] for q in (0.25, 0.5, 0.75)]
-    return dict(tree_size_mean=statistics.fmean(sizes), tree_size_quartiles=quartiles,
-                plain_cycle_fraction=sum(size == 0 for size in sizes) / len(sizes),
-                predicted_tau=statistics.fmean(predicted) if predicted else None)
+    return dict(
+        tree_size_mean=statistics.fmean(sizes),
+        tree_size_quartiles=quartiles,
+        plain_cycle_fraction=sum(size == 0 for size in sizes) / len(sizes),
+        predicted_tau=statistics.fmean(predicted) if predicted else None,
+    )
 
 
 def greedy_mismatch(runs_per_prompt, ar_runs) -> str | None:
@@ -473,22 +536,35 @@ def make_records(config, plan, runs, stage, temperature, set_name, num_prompts, 
         if job not in summaries:
             summaries[job] = summarise(job, runs[job], ar_runs)
         record = dict.fromkeys(RECORD_FIELDS)
-        record.update(method=method, drafter=drafter, budget=budget, temperature=temperature, prompt_set=set_name,
-                      prompts=num_prompts, max_new_tokens=config.max_new_tokens, repeats=config.repeats)
+        record.update(
+            method=method,
+            drafter=drafter,
+            budget=budget,
+            temperature=temperature,
+            prompt_set=set_name,
+            prompts=num_prompts,
+            max_new_tokens=config.max_new_tokens,
+            repeats=config.repeats,
+        )
         record.update(summaries[job])
         if temperature == 0:
             mismatch = greedy_mismatch(runs[job], ar_runs)
             record["greedy_exact"] = mismatch is None
             if mismatch:
-                message = (f"GREEDY MISMATCH: {method} (drafter {drafter}, B={budget}) on {set_name} differs from "
-                           f"{REFERENCE_METHOD} at T=0: {mismatch}")
+                message = (
+                    f"GREEDY MISMATCH: {method} (drafter {drafter}, B={budget}) on {set_name} differs from "
+                    f"{REFERENCE_METHOD} at T=0: {mismatch}"
+                )
                 warnings.warn(message, stacklevel=2)
                 notes.append(message)
         times, verifier = stage.get((drafter, budget)), METHODS[method].replay_verifier
         if times and verifier is not None:
             reference_ms = _median_ms(times[REFERENCE_VERIFIER])
-            record.update(verifier_stage_ms=_median_ms(times[verifier]), verifier_stage_ddtree_ms=reference_ms,
-                          verifier_stage_cycles=len(times[REFERENCE_VERIFIER]))
+            record.update(
+                verifier_stage_ms=_median_ms(times[verifier]),
+                verifier_stage_ddtree_ms=reference_ms,
+                verifier_stage_cycles=len(times[REFERENCE_VERIFIER]),
+            )
             if verifier != REFERENCE_VERIFIER:
                 record["verifier_stage_reduction"] = 1 - record["verifier_stage_ms"] / reference_ms
         records.append(record)
@@ -510,19 +586,29 @@ def machine_info(config: BenchConfig) -> dict:
         lines = cpuinfo.read_text().splitlines() if cpuinfo.exists() else []
         names = [line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")]
         device_name = names[0] if names else platform.processor()
-    return dict(cpu_count=os.cpu_count(), torch_threads=torch.get_num_threads(), load_average=[os.getloadavg()[0]],
-                device=config.device, device_name=device_name or platform.machine(), dtype=config.dtype,
-                torch=torch.__version__, transformers=transformers.__version__, hf_tev=__version__,
-                python=sys.version.split()[0], platform=platform.platform(),
-                # glibc malloc tuning changes CPU timings of large per-cycle buffers (see the README): record it.
-                malloc_env={k: v for k, v in os.environ.items() if k.startswith("MALLOC_")})
+    return dict(
+        cpu_count=os.cpu_count(),
+        torch_threads=torch.get_num_threads(),
+        load_average=[os.getloadavg()[0]],
+        device=config.device,
+        device_name=device_name or platform.machine(),
+        dtype=config.dtype,
+        torch=torch.__version__,
+        transformers=transformers.__version__,
+        hf_tev=__version__,
+        python=sys.version.split()[0],
+        platform=platform.platform(),
+        # glibc malloc tuning changes CPU timings of large per-cycle buffers (see the README): record it.
+        malloc_env={k: v for k, v in os.environ.items() if k.startswith("MALLOC_")},
+    )
 
 
 def check_load(notes: list[str]) -> None:
     load, cores = os.getloadavg()[0], os.cpu_count() or 1
     if load > cores:
-        message = (f"machine is loaded: 1-min load average {load:.2f} > {cores} cores; timings (SR, stage times) "
-                   "mean little")
+        message = (
+            f"machine is loaded: 1-min load average {load:.2f} > {cores} cores; timings (SR, stage times) mean little"
+        )
         warnings.warn(message, stacklevel=2)
         notes.append(message)
 
@@ -535,8 +621,10 @@ def load_prompt_texts(config: BenchConfig, notes: list[str]) -> dict[str, list[s
         if prompt_set.needs_hub:
             reason = reason or hub_unreachable_reason() or ""
             if reason:
-                message = (f"prompt set {name!r} needs the Hugging Face Hub (datasets), which is not reachable: "
-                           f"{reason}; skipped")
+                message = (
+                    f"prompt set {name!r} needs the Hugging Face Hub (datasets), which is not reachable: "
+                    f"{reason}; skipped"
+                )
                 warnings.warn(message, stacklevel=2)
                 notes.append(message)
                 continue
@@ -551,8 +639,12 @@ def tokenize_prompts(texts: dict[str, list[str]], tokenizer, device, chat_templa
     sets = {}
     for name, prompts in texts.items():
         if chat_template and getattr(tokenizer, "chat_template", None):
-            prompts = [tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
-                                                     add_generation_prompt=True) for text in prompts]
+            prompts = [
+                tokenizer.apply_chat_template(
+                    [{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True
+                )
+                for text in prompts
+            ]
         sets[name] = [tokenizer(text, return_tensors="pt").input_ids.to(device) for text in prompts if text]
     return sets
 
@@ -595,8 +687,17 @@ def run_bench(config: BenchConfig, models: BenchModels | None = None) -> dict:
                             shift = repeat % len(jobs)  # rotate the order so no method always runs first
                             for job in jobs[shift:] + jobs[:shift]:
                                 progress.set_postfix_str(f"T={temperature:g} {set_name} {job.method}", refresh=False)
-                                runs[job][index].append(run_once(models, probe, job, input_ids, config.max_new_tokens,
-                                                                 sampling, config.seed + index))
+                                runs[job][index].append(
+                                    run_once(
+                                        models,
+                                        probe,
+                                        job,
+                                        input_ids,
+                                        config.max_new_tokens,
+                                        sampling,
+                                        config.seed + index,
+                                    )
+                                )
                                 progress.update()
                     stage = {}
                     if temperature > 0:
@@ -604,8 +705,15 @@ def run_bench(config: BenchConfig, models: BenchModels | None = None) -> dict:
                         for (drafter, budget), verifiers in replays.items():
                             progress.set_postfix_str(f"T={temperature:g} {set_name} verifier stage B={budget}")
                             stage[(drafter, budget)] = same_tree_verifier_stage(
-                                models.target, models.drafters[drafter], prompts, budget, processors,
-                                config.max_new_tokens, verifiers=verifiers, seed=config.seed)
+                                models.target,
+                                models.drafters[drafter],
+                                prompts,
+                                budget,
+                                processors,
+                                config.max_new_tokens,
+                                verifiers=verifiers,
+                                seed=config.seed,
+                            )
                             progress.update(len(prompts))
                     records += make_records(config, plan, runs, stage, temperature, set_name, len(prompts), notes)
     finally:

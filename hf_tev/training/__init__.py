@@ -10,8 +10,15 @@ The loss maths itself is `hf_tev.exit_loss` (plain torch).
 """
 
 from .batch import block_attention_mask, block_labels, sample_anchors, tree_batch_inputs
-from .data import (CONTEXT_FEATURES, INPUT_IDS, LOSS_MASK, PROMPT_LENGTH, ExitDataCollator, check_dataset,
-                   generate_training_data)
+from .data import (
+    CONTEXT_FEATURES,
+    INPUT_IDS,
+    LOSS_MASK,
+    PROMPT_LENGTH,
+    ExitDataCollator,
+    check_dataset,
+    generate_training_data,
+)
 from .features import CachedFeatureDataset, FeatureCache, compute_context_features
 from .hub import OBJECTIVE_DESCRIPTIONS, card_metadata, is_hub_id, render_model_card, trainer_model_card
 from .trainer import TREE_ANCHORS, ExitTrainer, ExitTrainingArguments

@@ -38,8 +38,9 @@ def sample_anchors(loss_mask: torch.Tensor, num_anchors: int, generator: torch.G
     return anchors.masked_fill(~valid, 0), valid
 
 
-def block_labels(input_ids: torch.Tensor, loss_mask: torch.Tensor, anchors: torch.Tensor, valid: torch.Tensor,
-                 depth: int) -> tuple[torch.Tensor, torch.Tensor]:
+def block_labels(
+    input_ids: torch.Tensor, loss_mask: torch.Tensor, anchors: torch.Tensor, valid: torch.Tensor, depth: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Labels `x_{a+k}`, k = 1..depth, of every block, `[B, A, depth]`, and which of them are supervised."""
     B, T = input_ids.shape
     positions = anchors[..., None] + torch.arange(1, depth + 1, device=anchors.device)  # [B, A, depth]
@@ -66,8 +67,15 @@ def block_attention_mask(anchors: torch.Tensor, seq_len: int, block_size: int, d
     return torch.zeros(visible.shape, dtype=dtype, device=device).masked_fill(~visible, torch.finfo(dtype).min)[:, None]
 
 
-def tree_batch_inputs(trees: Sequence[DraftTree], owners: Sequence[int], anchors: Sequence[int], batch_size: int,
-                      seq_len: int, dtype: torch.dtype, context_window: int | None = None):
+def tree_batch_inputs(
+    trees: Sequence[DraftTree],
+    owners: Sequence[int],
+    anchors: Sequence[int],
+    batch_size: int,
+    seq_len: int,
+    dtype: torch.dtype,
+    context_window: int | None = None,
+):
     """Inputs of ONE target forward that scores every tree against the cached context of its sequence.
 
     Tree `i` belongs to sequence `owners[i]` and hangs at anchor position `anchors[i]`: its root holds `x_a`
@@ -107,6 +115,6 @@ def tree_batch_inputs(trees: Sequence[DraftTree], owners: Sequence[int], anchors
         visible[b, :n, :seq_len] = cache_positions < row_anchor[:, None]
         if context_window is not None:
             visible[b, :n, :seq_len] &= cache_positions >= row_anchor[:, None] - context_window
-        visible[b, :n, seq_len: seq_len + n] = torch.block_diag(*[trees[j].visibility for j in members])
+        visible[b, :n, seq_len : seq_len + n] = torch.block_diag(*[trees[j].visibility for j in members])
     mask = torch.zeros(visible.shape, dtype=dtype, device=device).masked_fill(~visible, torch.finfo(dtype).min)
     return tokens, positions, mask[:, None], offsets

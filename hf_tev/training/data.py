@@ -69,16 +69,20 @@ class ExitDataCollator:
             given = torch.as_tensor(row[CONTEXT_FEATURES])
             tokens = torch.as_tensor(row[INPUT_IDS]).numel()  # before truncation to max_length
             if given.dim() != 2 or given.shape[0] != tokens or given.shape[1] != first.shape[-1]:
-                raise ValueError(f"'{CONTEXT_FEATURES}' of row {i} has shape {tuple(given.shape)}; expected "
-                                 f"[{tokens} (its tokens), {first.shape[-1]}]")
+                raise ValueError(
+                    f"'{CONTEXT_FEATURES}' of row {i} has shape {tuple(given.shape)}; expected "
+                    f"[{tokens} (its tokens), {first.shape[-1]}]"
+                )
             features[i, : len(ids)] = given[: len(ids)]
         return features
 
     def _row(self, row: Mapping[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
         if not isinstance(row, Mapping) or INPUT_IDS not in row:
             found = sorted(row) if isinstance(row, Mapping) else type(row).__name__
-            raise ValueError(f"ExitTrainer rows need an '{INPUT_IDS}' column (token ids of target-generated "
-                             f"sequences), optionally '{PROMPT_LENGTH}' or '{LOSS_MASK}'; got {found}")
+            raise ValueError(
+                f"ExitTrainer rows need an '{INPUT_IDS}' column (token ids of target-generated "
+                f"sequences), optionally '{PROMPT_LENGTH}' or '{LOSS_MASK}'; got {found}"
+            )
         ids = torch.as_tensor(row[INPUT_IDS], dtype=torch.long).reshape(-1)
         mask = torch.ones(len(ids), dtype=torch.bool)
         if row.get(LOSS_MASK) is not None:
@@ -110,15 +114,24 @@ def check_dataset(dataset, name: str = "train_dataset") -> None:
         if columns is None:
             raise ValueError(f"{name} rows must be dicts with an '{INPUT_IDS}' column, got {type(first).__name__}")
     if INPUT_IDS not in columns:
-        raise ValueError(f"{name} needs an '{INPUT_IDS}' column (token ids of target-generated sequences), "
-                         f"optionally '{PROMPT_LENGTH}' or '{LOSS_MASK}'; it has {sorted(columns)}. "
-                         "Turn prompts into such rows with hf_tev.generate_training_data.")
+        raise ValueError(
+            f"{name} needs an '{INPUT_IDS}' column (token ids of target-generated sequences), "
+            f"optionally '{PROMPT_LENGTH}' or '{LOSS_MASK}'; it has {sorted(columns)}. "
+            "Turn prompts into such rows with hf_tev.generate_training_data."
+        )
 
 
 @torch.no_grad()
-def generate_training_data(target, prompts: Sequence[str] | Sequence[Sequence[int]], tokenizer=None,
-                           max_new_tokens: int = 512, batch_size: int = 8, apply_chat_template: bool = False,
-                           show_progress: bool = True, **generate_kwargs) -> list[dict[str, Any]]:
+def generate_training_data(
+    target,
+    prompts: Sequence[str] | Sequence[Sequence[int]],
+    tokenizer=None,
+    max_new_tokens: int = 512,
+    batch_size: int = 8,
+    apply_chat_template: bool = False,
+    show_progress: bool = True,
+    **generate_kwargs,
+) -> list[dict[str, Any]]:
     """Training rows whose responses are written by the target itself (the drafter must imitate the target).
 
     Args:
@@ -145,15 +158,20 @@ def generate_training_data(target, prompts: Sequence[str] | Sequence[Sequence[in
     device = next(target.parameters()).device
     rows = []
     for start in tqdm(range(0, len(encoded), batch_size), desc="target-generated responses", disable=not show_progress):
-        batch = encoded[start: start + batch_size]
+        batch = encoded[start : start + batch_size]
         width = max(len(ids) for ids in batch)
         input_ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
         attention_mask = torch.zeros((len(batch), width), dtype=torch.long)
         for i, ids in enumerate(batch):  # left padding: generation continues every prompt at the right edge
-            input_ids[i, width - len(ids):] = torch.tensor(ids, dtype=torch.long)
-            attention_mask[i, width - len(ids):] = 1
-        output = target.generate(input_ids.to(device), attention_mask=attention_mask.to(device),
-                                 max_new_tokens=max_new_tokens, pad_token_id=pad_id, **generate_kwargs)
+            input_ids[i, width - len(ids) :] = torch.tensor(ids, dtype=torch.long)
+            attention_mask[i, width - len(ids) :] = 1
+        output = target.generate(
+            input_ids.to(device),
+            attention_mask=attention_mask.to(device),
+            max_new_tokens=max_new_tokens,
+            pad_token_id=pad_id,
+            **generate_kwargs,
+        )
         sequences = output.sequences if hasattr(output, "sequences") else output
         for ids, response in zip(batch, sequences[:, width:].tolist()):
             end = next((i + 1 for i, token in enumerate(response) if token in eos_ids), len(response))
@@ -170,8 +188,9 @@ def _encode_prompt(prompt, tokenizer, apply_chat_template: bool) -> list[int]:
     if tokenizer is None:
         raise ValueError("string prompts need a tokenizer (or pass token-id lists)")
     if apply_chat_template:
-        ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
-                                            tokenize=True, return_dict=False)
+        ids = tokenizer.apply_chat_template(
+            [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True, return_dict=False
+        )
     else:
         ids = tokenizer(prompt)["input_ids"]
     return list(ids)

@@ -48,9 +48,24 @@ CACHE_FORMAT = 1
 # Storage dtypes: torch dtype -> the numpy dtype of its bytes (bfloat16 is kept as raw 16-bit words).
 STORAGE_DTYPES = {torch.float16: np.float16, torch.bfloat16: np.int16, torch.float32: np.float32}
 # Architecture fields of the target's config that change its hidden states.
-_CONFIG_FIELDS = ("model_type", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-                  "num_attention_heads", "num_key_value_heads", "head_dim", "hidden_act", "rms_norm_eps",
-                  "rope_parameters", "rope_scaling", "rope_theta", "sliding_window", "layer_types", "attention_bias")
+_CONFIG_FIELDS = (
+    "model_type",
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "hidden_act",
+    "rms_norm_eps",
+    "rope_parameters",
+    "rope_scaling",
+    "rope_theta",
+    "sliding_window",
+    "layer_types",
+    "attention_bias",
+)
 
 
 def row_key(input_ids) -> str:
@@ -63,8 +78,9 @@ def target_fingerprint(target) -> str:
     """A hash of the target's architecture fields, parameter dtype and the first 256 entries of every
     parameter: two targets with equal fingerprints give the same features."""
     text_config = target.config.get_text_config().to_dict()
-    digest = hashlib.sha256(json.dumps({k: text_config.get(k) for k in _CONFIG_FIELDS}, sort_keys=True,
-                                       default=str).encode())
+    digest = hashlib.sha256(
+        json.dumps({k: text_config.get(k) for k in _CONFIG_FIELDS}, sort_keys=True, default=str).encode()
+    )
     digest.update(str(target.dtype).encode())
     with torch.no_grad():
         for name, parameter in target.named_parameters():
@@ -74,8 +90,9 @@ def target_fingerprint(target) -> str:
 
 
 @torch.no_grad()
-def compute_context_features(target, layer_ids: Sequence[int], sequences: Sequence[Sequence[int]],
-                             pad_token_id: int = 0) -> list[torch.Tensor]:
+def compute_context_features(
+    target, layer_ids: Sequence[int], sequences: Sequence[Sequence[int]], pad_token_id: int = 0
+) -> list[torch.Tensor]:
     """The drafter's context features of several sequences from ONE target forward.
 
     Sequences are right-padded with an attention mask (causal attention: a real token never sees padding,
@@ -99,8 +116,13 @@ def compute_context_features(target, layer_ids: Sequence[int], sequences: Sequen
         input_ids[i, : len(s)] = s
         attention_mask[i, : len(s)] = 1
     indices = [int(layer) + 1 for layer in layer_ids]
-    out = target(input_ids.to(device), attention_mask=attention_mask.to(device), output_hidden_states=indices,
-                 use_cache=False, logits_to_keep=1)
+    out = target(
+        input_ids.to(device),
+        attention_mask=attention_mask.to(device),
+        output_hidden_states=indices,
+        use_cache=False,
+        logits_to_keep=1,
+    )
     features = torch.cat([out.hidden_states[i] for i in indices], dim=-1).cpu()  # [B, T, k*H]
     return [features[i, : len(s)] for i, s in enumerate(ids)]
 
@@ -131,10 +153,16 @@ class FeatureCache:
         self.hidden_size = target.config.get_text_config().hidden_size
         self.width = len(self.layer_ids) * self.hidden_size
         self.max_length = max_length
-        header = {"format": CACHE_FORMAT, "target_name": getattr(target, "name_or_path", None) or "",
-                  "target_fingerprint": target_fingerprint(target), "target_dtype": str(target.dtype),
-                  "layer_ids": self.layer_ids, "hidden_size": self.hidden_size, "dtype": str(dtype).removeprefix("torch."),
-                  "max_length": max_length}
+        header = {
+            "format": CACHE_FORMAT,
+            "target_name": getattr(target, "name_or_path", None) or "",
+            "target_fingerprint": target_fingerprint(target),
+            "target_dtype": str(target.dtype),
+            "layer_ids": self.layer_ids,
+            "hidden_size": self.hidden_size,
+            "dtype": str(dtype).removeprefix("torch."),
+            "max_length": max_length,
+        }
         self._header = header
         self._read_index()
 
@@ -145,11 +173,16 @@ class FeatureCache:
         if index_file.is_file():
             index = json.loads(index_file.read_text())
             # The name is informative only: the same weights may be loaded from another path.
-            wrong = [f"{k}: cache {index.get(k)!r}, now {v!r}" for k, v in self._header.items()
-                     if k != "target_name" and index.get(k) != v]
+            wrong = [
+                f"{k}: cache {index.get(k)!r}, now {v!r}"
+                for k, v in self._header.items()
+                if k != "target_name" and index.get(k) != v
+            ]
             if wrong:
-                raise ValueError(f"{self.path} is a feature cache of another target or layout ({'; '.join(wrong)}); "
-                                 "use another folder or delete it")
+                raise ValueError(
+                    f"{self.path} is a feature cache of another target or layout ({'; '.join(wrong)}); "
+                    "use another folder or delete it"
+                )
             self.rows, self.num_tokens = index["rows"], int(index["num_tokens"])
         self._memmap = None
 
@@ -169,19 +202,31 @@ class FeatureCache:
         """The cached features of a row, `[min(len, max_length), k * hidden]` in the storage dtype (a copy)."""
         key = row_key(self._cut(input_ids))
         if key not in self.rows:
-            raise KeyError(f"row of {len(self._cut(input_ids))} tokens (key {key}) is not in the feature cache "
-                           f"{self.path}; run FeatureCache.update over the dataset first")
+            raise KeyError(
+                f"row of {len(self._cut(input_ids))} tokens (key {key}) is not in the feature cache "
+                f"{self.path}; run FeatureCache.update over the dataset first"
+            )
         offset, length = self.rows[key]
         if self._memmap is None:
-            self._memmap = np.memmap(self.path / FEATURES_NAME, dtype=STORAGE_DTYPES[self.dtype], mode="r",
-                                     shape=(self.num_tokens, self.width))
-        features = torch.from_numpy(np.array(self._memmap[offset: offset + length]))
+            self._memmap = np.memmap(
+                self.path / FEATURES_NAME,
+                dtype=STORAGE_DTYPES[self.dtype],
+                mode="r",
+                shape=(self.num_tokens, self.width),
+            )
+        features = torch.from_numpy(np.array(self._memmap[offset : offset + length]))
         return features.view(self.dtype) if self.dtype == torch.bfloat16 else features
 
     # -- writing ----------------------------------------------------------------------------------
 
-    def update(self, rows: Sequence[Mapping[str, Any] | Sequence[int]], batch_size: int = 16,
-               max_batch_tokens: int = 8192, flush_rows: int = 512, show_progress: bool = True) -> int:
+    def update(
+        self,
+        rows: Sequence[Mapping[str, Any] | Sequence[int]],
+        batch_size: int = 16,
+        max_batch_tokens: int = 8192,
+        flush_rows: int = 512,
+        show_progress: bool = True,
+    ) -> int:
         """Compute and append the features of every row not cached yet; returns how many rows were added.
 
         Rows (dicts with `input_ids`, or token-id lists) are sorted by length and run through the target
@@ -212,14 +257,16 @@ class FeatureCache:
         row_bytes = self.width * np.dtype(STORAGE_DTYPES[self.dtype]).itemsize
         with open(data_file, "ab") as f:
             if f.tell() < self.num_tokens * row_bytes:
-                raise ValueError(f"{data_file} is shorter than its index says ({f.tell()} bytes for "
-                                 f"{self.num_tokens} tokens of {row_bytes}); delete the cache folder")
+                raise ValueError(
+                    f"{data_file} is shorter than its index says ({f.tell()} bytes for "
+                    f"{self.num_tokens} tokens of {row_bytes}); delete the cache folder"
+                )
             f.truncate(self.num_tokens * row_bytes)  # drop bytes an interrupted update wrote past the index
         pending = sorted(todo.items(), key=lambda item: -len(item[1]))
         batches, start = [], 0
         while start < len(pending):  # longest first: the widest batch (peak memory) comes first
             size = max(1, min(batch_size, max_batch_tokens // max(1, len(pending[start][1]))))
-            batches.append(pending[start: start + size])
+            batches.append(pending[start : start + size])
             start += size
         added = since_flush = 0
         progress = tqdm(total=len(pending), desc="target features", unit="row", disable=not show_progress)
@@ -229,8 +276,10 @@ class FeatureCache:
                 for (key, ids), row_features in zip(batch, features):
                     stored = row_features.to(self.dtype)
                     if not torch.isfinite(stored).all():
-                        raise ValueError(f"target features overflow {self.dtype} (max |x| = "
-                                         f"{row_features.abs().max().item():.3g}); use dtype=torch.bfloat16 or float32")
+                        raise ValueError(
+                            f"target features overflow {self.dtype} (max |x| = "
+                            f"{row_features.abs().max().item():.3g}); use dtype=torch.bfloat16 or float32"
+                        )
                     array = stored.view(torch.int16) if self.dtype == torch.bfloat16 else stored
                     f.write(array.contiguous().numpy().tobytes())
                     self.rows[key] = [self.num_tokens, len(ids)]

@@ -38,13 +38,13 @@ OBJECTIVE_TITLES = {
 }
 OBJECTIVE_DESCRIPTIONS = {
     "exit": "ExitTrain: a cross-entropy of every block position against the target-written continuation plus "
-            "a tree loss on the inference-time draft tree weighted by exit weight `w(v) * depth(v)` (target "
-            "mass that leaves the tree at node v, times its depth).",
+    "a tree loss on the inference-time draft tree weighted by exit weight `w(v) * depth(v)` (target "
+    "mass that leaves the tree at node v, times its depth).",
     "prefix": "a cross-entropy of every block position against the target-written continuation plus a tree "
-              "loss on the inference-time draft tree weighted by the target prefix probability `P(v)` (the "
-              "prefix-weight ablation).",
+    "loss on the inference-time draft tree weighted by the target prefix probability `P(v)` (the "
+    "prefix-weight ablation).",
     "dflash": "the standard DFlash objective alone: cross-entropy of every block position against the "
-              "target-written continuation (\"finetuned DFlash\").",
+    'target-written continuation ("finetuned DFlash").',
 }
 
 
@@ -66,23 +66,41 @@ def is_hub_id(name: str | None) -> bool:
     return True
 
 
-def card_metadata(target_model_id: str | None, objective: str, license: str = "apache-2.0",
-                  datasets: Sequence[str] | None = None) -> ModelCardData:
+def card_metadata(
+    target_model_id: str | None, objective: str, license: str = "apache-2.0", datasets: Sequence[str] | None = None
+) -> ModelCardData:
     """The card's YAML metadata; `base_model` is set only when `target_model_id` is a Hub id."""
     tags = list(TAGS) + ([objective] if objective not in TAGS else [])
-    return ModelCardData(base_model=target_model_id if is_hub_id(target_model_id) else None, library_name="hf_tev",
-                         tags=tags, license=license, datasets=list(datasets) if datasets else None,
-                         pipeline_tag="text-generation")
+    return ModelCardData(
+        base_model=target_model_id if is_hub_id(target_model_id) else None,
+        library_name="hf_tev",
+        tags=tags,
+        license=license,
+        datasets=list(datasets) if datasets else None,
+        pipeline_tag="text-generation",
+    )
 
 
-def render_model_card(*, target_model_id: str | None, objective: str, block_size: int,
-                      target_layer_ids: Sequence[int], repo_id: str | None = None, num_draft_layers: int | None = None,
-                      mask_token_id: int | None = None, init_from: str | None = None,
-                      knobs: Mapping[str, Any] | None = None, knob_help: Mapping[str, str] | None = None,
-                      steps: int | None = None, training: Mapping[str, Any] | None = None,
-                      dataset_description: str | None = None, measured_tau: Mapping[Any, float] | None = None,
-                      tau_temperature: float | None = None, license: str = "apache-2.0",
-                      datasets: Sequence[str] | None = None) -> ModelCard:
+def render_model_card(
+    *,
+    target_model_id: str | None,
+    objective: str,
+    block_size: int,
+    target_layer_ids: Sequence[int],
+    repo_id: str | None = None,
+    num_draft_layers: int | None = None,
+    mask_token_id: int | None = None,
+    init_from: str | None = None,
+    knobs: Mapping[str, Any] | None = None,
+    knob_help: Mapping[str, str] | None = None,
+    steps: int | None = None,
+    training: Mapping[str, Any] | None = None,
+    dataset_description: str | None = None,
+    measured_tau: Mapping[Any, float] | None = None,
+    tau_temperature: float | None = None,
+    license: str = "apache-2.0",
+    datasets: Sequence[str] | None = None,
+) -> ModelCard:
     """Fill the card template. Only the target, the objective and the drafter's block size and target layers
     are required; everything else is written when given.
 
@@ -113,8 +131,9 @@ def render_model_card(*, target_model_id: str | None, objective: str, block_size
         "model_name": repo_id.rstrip("/").split("/")[-1],
         "repo_id": repo_id,
         "target": target,
-        "target_load": f'AutoModelForCausalLM.from_pretrained("{target_model_id}")' if hub_target
-                       else "the target model, loaded with transformers",
+        "target_load": f'AutoModelForCausalLM.from_pretrained("{target_model_id}")'
+        if hub_target
+        else "the target model, loaded with transformers",
         "objective": objective,
         "objective_title": OBJECTIVE_TITLES[objective],
         "objective_description": OBJECTIVE_DESCRIPTIONS[objective],
@@ -125,9 +144,12 @@ def render_model_card(*, target_model_id: str | None, objective: str, block_size
         "mask_token_id": _or_unknown(mask_token_id),
         "init_from": f"`{init_from}`" if init_from else "a freshly built drafter",
         "loss_details": _loss_details(objective, knobs),
-        "knob_table": _table(("knob", "value", "meaning"),
-                             [(f"`{name}`", _knob_value(objective, knobs, name), (knob_help or {}).get(name, ""))
-                              for name in knobs]) if knobs else "Not recorded.",
+        "knob_table": _table(
+            ("knob", "value", "meaning"),
+            [(f"`{name}`", _knob_value(objective, knobs, name), (knob_help or {}).get(name, "")) for name in knobs],
+        )
+        if knobs
+        else "Not recorded.",
         "training_table": _table(("setting", "value"), list(optimisation.items())) if optimisation else "Not recorded.",
         "data_description": dataset_description.strip() if dataset_description else "Not described by the uploader.",
         "measured_tau": _tau_table(measured_tau, tau_temperature),
@@ -136,10 +158,16 @@ def render_model_card(*, target_model_id: str | None, objective: str, block_size
     return ModelCard(Template(load_template()).substitute(fields))
 
 
-def trainer_model_card(trainer, repo_id: str | None = None, target_model_id: str | None = None,
-                       dataset_description: str | None = None, measured_tau: Mapping[Any, float] | None = None,
-                       tau_temperature: float | None = None, license: str = "apache-2.0",
-                       datasets: Sequence[str] | None = None) -> ModelCard:
+def trainer_model_card(
+    trainer,
+    repo_id: str | None = None,
+    target_model_id: str | None = None,
+    dataset_description: str | None = None,
+    measured_tau: Mapping[Any, float] | None = None,
+    tau_temperature: float | None = None,
+    license: str = "apache-2.0",
+    datasets: Sequence[str] | None = None,
+) -> ModelCard:
     """`render_model_card` with the drafter, the target and every knob of an `ExitTrainer`.
 
     `target_model_id` defaults to the target's `name_or_path` (a local folder then stays out of the metadata);
@@ -156,11 +184,12 @@ def trainer_model_card(trainer, repo_id: str | None = None, target_model_id: str
     training = {
         "learning rate": args.learning_rate,
         "lr schedule / warmup steps": f"{getattr(args.lr_scheduler_type, 'value', args.lr_scheduler_type)} / "
-                                      f"{args.warmup_steps}",
+        f"{args.warmup_steps}",
         "weight decay": args.weight_decay,
         "epochs trained": round(trainer.state.epoch or 0.0, 2),  # max_steps overrides num_train_epochs
-        "effective batch size (sequences)":
-            args.per_device_train_batch_size * args.gradient_accumulation_steps * max(args.world_size, 1),
+        "effective batch size (sequences)": args.per_device_train_batch_size
+        * args.gradient_accumulation_steps
+        * max(args.world_size, 1),
         "precision": "bf16" if args.bf16 else "fp16" if args.fp16 else "fp32",
         "seed": args.seed,
     }
@@ -169,11 +198,24 @@ def trainer_model_card(trainer, repo_id: str | None = None, target_model_id: str
         description.append(f"{len(trainer.train_dataset)} training sequences.")
     init_from = getattr(drafter, "name_or_path", "") or None
     return render_model_card(
-        target_model_id=target_model_id, objective=args.objective, block_size=config.block_size,
-        target_layer_ids=config.target_layer_ids, repo_id=repo_id, num_draft_layers=config.num_hidden_layers,
-        mask_token_id=config.mask_token_id, init_from=init_from, knobs=knobs, knob_help=knob_help,
-        steps=trainer.state.global_step, training=training, dataset_description=" ".join(description),
-        measured_tau=measured_tau, tau_temperature=tau_temperature, license=license, datasets=datasets)
+        target_model_id=target_model_id,
+        objective=args.objective,
+        block_size=config.block_size,
+        target_layer_ids=config.target_layer_ids,
+        repo_id=repo_id,
+        num_draft_layers=config.num_hidden_layers,
+        mask_token_id=config.mask_token_id,
+        init_from=init_from,
+        knobs=knobs,
+        knob_help=knob_help,
+        steps=trainer.state.global_step,
+        training=training,
+        dataset_description=" ".join(description),
+        measured_tau=measured_tau,
+        tau_temperature=tau_temperature,
+        license=license,
+        datasets=datasets,
+    )
 
 
 def hub_api(token: str | None = None) -> HfApi:
@@ -181,11 +223,24 @@ def hub_api(token: str | None = None) -> HfApi:
     return HfApi(token=token, library_name="hf_tev", library_version=__version__)
 
 
-def upload_folder(api: HfApi, repo_id: str, folder: str | os.PathLike, ignore_patterns: Sequence[str] = UPLOAD_IGNORE,
-                  commit_message: str | None = None, revision: str | None = None, blocking: bool = True):
+def upload_folder(
+    api: HfApi,
+    repo_id: str,
+    folder: str | os.PathLike,
+    ignore_patterns: Sequence[str] = UPLOAD_IGNORE,
+    commit_message: str | None = None,
+    revision: str | None = None,
+    blocking: bool = True,
+):
     """Upload a saved drafter folder (weights, config, README.md); a future when `blocking=False`."""
-    return api.upload_folder(repo_id=repo_id, folder_path=str(folder), commit_message=commit_message,
-                             revision=revision, run_as_future=not blocking, ignore_patterns=list(ignore_patterns))
+    return api.upload_folder(
+        repo_id=repo_id,
+        folder_path=str(folder),
+        commit_message=commit_message,
+        revision=revision,
+        run_as_future=not blocking,
+        ignore_patterns=list(ignore_patterns),
+    )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -204,8 +259,9 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
 
 def _knob_value(objective: str, knobs: Mapping[str, Any], name: str) -> str:
     value = knobs[name]
-    unused = (objective == "dflash" and name in TREE_KNOBS) or \
-        (name == "gamma" and not ce_decays(objective, knobs.get("ce_decay")))
+    unused = (objective == "dflash" and name in TREE_KNOBS) or (
+        name == "gamma" and not ce_decays(objective, knobs.get("ce_decay"))
+    )
     return f"{value} (unused)" if unused else str(value)
 
 
@@ -214,26 +270,43 @@ def _loss_details(objective: str, knobs: Mapping[str, Any]) -> str:
     lines = []
     if objective in ("exit", "prefix", "dflash") and ("ce_decay" in knobs or "gamma" in knobs):
         if ce_decays(objective, knobs.get("ce_decay")):
-            lines.append(f"- cross-entropy: position `k` weighted `exp(-(k-1)/gamma)`, gamma = {knobs.get('gamma')}, "
-                         "normalised by the weight sum")
+            lines.append(
+                f"- cross-entropy: position `k` weighted `exp(-(k-1)/gamma)`, gamma = {knobs.get('gamma')}, "
+                "normalised by the weight sum"
+            )
         else:
             lines.append("- cross-entropy: plain mean over the supervised block positions (no position decay)")
     if objective != "dflash":
         if "tree_normalization" in knobs:
-            lines.append("- tree loss: " + (
-                "summed over the trees of a batch and divided by their number of drafted nodes (root excluded)"
-                if knobs["tree_normalization"] == "nodes" else
-                "each tree divided by its own weight sum, then averaged over the trees"))
+            lines.append(
+                "- tree loss: "
+                + (
+                    "summed over the trees of a batch and divided by their number of drafted nodes (root excluded)"
+                    if knobs["tree_normalization"] == "nodes"
+                    else "each tree divided by its own weight sum, then averaged over the trees"
+                )
+            )
         if "tree_anchors" in knobs:
-            lines.append("- trees built for " + (
-                "the anchors whose whole horizon (block_size - 1 following tokens) is supervised; the cross-entropy "
-                "covers every anchor" if knobs["tree_anchors"] == "full_horizon" else "every anchor"))
+            lines.append(
+                "- trees built for "
+                + (
+                    "the anchors whose whole horizon (block_size - 1 following tokens) is supervised; the cross-entropy "
+                    "covers every anchor"
+                    if knobs["tree_anchors"] == "full_horizon"
+                    else "every anchor"
+                )
+            )
         if "tree_context_window" in knobs:
             window = knobs["tree_context_window"]
-            lines.append("- the target scores the tree nodes " + (
-                "with the full context before the anchor" if window is None else
-                f"seeing only the last {window} tokens before the anchor (an attention mask over the full-context "
-                "cache; positions stay absolute)"))
+            lines.append(
+                "- the target scores the tree nodes "
+                + (
+                    "with the full context before the anchor"
+                    if window is None
+                    else f"seeing only the last {window} tokens before the anchor (an attention mask over the full-context "
+                    "cache; positions stay absolute)"
+                )
+            )
         if "ce_weight" in knobs and "tree_weight" in knobs:
             lines.append(f"- total loss = {knobs['ce_weight']} * cross-entropy + {knobs['tree_weight']} * tree loss")
     elif "ce_weight" in knobs:

@@ -126,14 +126,27 @@ class ExitTrainingArguments(TrainingArguments):
 
     # The ExitTrain knobs, recorded in the model card.
     knob_names: ClassVar[tuple[str, ...]] = (
-        "objective", "tree_budget", "ce_weight", "tree_weight", "alpha", "gamma", "ce_decay", "tree_normalization",
-        "anchors_per_sequence", "tree_anchors", "tree_context_window", "max_length")
+        "objective",
+        "tree_budget",
+        "ce_weight",
+        "tree_weight",
+        "alpha",
+        "gamma",
+        "ce_decay",
+        "tree_normalization",
+        "anchors_per_sequence",
+        "tree_anchors",
+        "tree_context_window",
+        "max_length",
+    )
 
     objective: str = field(
         default="exit",
-        metadata={"help": "'exit' (tree loss weighted w(v) * depth(v), ExitTrain), 'prefix' (tree loss weighted "
-                          "P(v)) or 'dflash' (the standard DFlash objective alone).",
-                  "choices": list(OBJECTIVES)},
+        metadata={
+            "help": "'exit' (tree loss weighted w(v) * depth(v), ExitTrain), 'prefix' (tree loss weighted "
+            "P(v)) or 'dflash' (the standard DFlash objective alone).",
+            "choices": list(OBJECTIVES),
+        },
     )
     tree_budget: int = field(
         default=32, metadata={"help": "Drafted nodes (root excluded) of the inference-time tree of every tree anchor."}
@@ -146,33 +159,42 @@ class ExitTrainingArguments(TrainingArguments):
         default=1e-4, metadata={"help": "Floor of an edge probability in the product P(v) of the node weights."}
     )
     gamma: float = field(
-        default=7.0, metadata={"help": "Position decay of the cross-entropy when decayed (ce_decay): weight "
-                                       "exp(-(k-1)/gamma)."}
+        default=7.0,
+        metadata={"help": "Position decay of the cross-entropy when decayed (ce_decay): weight exp(-(k-1)/gamma)."},
     )
     ce_decay: bool | None = field(
-        default=None, metadata={"help": "Decay the cross-entropy by position with gamma. None: only for objective "
-                                        "'dflash'; 'exit'/'prefix' use the plain mean (the released ExitTrain code)."}
+        default=None,
+        metadata={
+            "help": "Decay the cross-entropy by position with gamma. None: only for objective "
+            "'dflash'; 'exit'/'prefix' use the plain mean (the released ExitTrain code)."
+        },
     )
     tree_normalization: str = field(
         default="nodes",
-        metadata={"help": "'nodes': tree loss divided by the number of drafted tree nodes of the batch (the released "
-                          "code); 'weight_sum': each tree by its own weight sum, then averaged over trees.",
-                  "choices": list(TREE_NORMALIZATIONS)},
+        metadata={
+            "help": "'nodes': tree loss divided by the number of drafted tree nodes of the batch (the released "
+            "code); 'weight_sum': each tree by its own weight sum, then averaged over trees.",
+            "choices": list(TREE_NORMALIZATIONS),
+        },
     )
     anchors_per_sequence: int = field(
         default=32, metadata={"help": "Random anchor positions (drafted blocks) per training sequence and step."}
     )
     tree_anchors: str = field(
         default="full_horizon",
-        metadata={"help": "'full_horizon': trees only for anchors whose block_size - 1 following tokens are all "
-                          "supervised (the released code); 'all': a tree for every anchor. The CE covers all anchors.",
-                  "choices": list(TREE_ANCHORS)},
+        metadata={
+            "help": "'full_horizon': trees only for anchors whose block_size - 1 following tokens are all "
+            "supervised (the released code); 'all': a tree for every anchor. The CE covers all anchors.",
+            "choices": list(TREE_ANCHORS),
+        },
     )
     tree_context_window: int | None = field(
         default=None,
-        metadata={"help": "Tokens before the anchor the target sees when it scores a tree. None: the full context; "
-                          "W: the last W only, by attention mask over the full-context cache (the released code "
-                          "re-runs the target on a 64-token window)."},
+        metadata={
+            "help": "Tokens before the anchor the target sees when it scores a tree. None: the full context; "
+            "W: the last W only, by attention mask over the full-context cache (the released code "
+            "re-runs the target on a 64-token window)."
+        },
     )
     max_length: int | None = field(
         default=2048, metadata={"help": "Truncate training sequences to this many tokens (None: no truncation)."}
@@ -192,8 +214,10 @@ class ExitTrainingArguments(TrainingArguments):
             raise ValueError(f"ce_weight and tree_weight must be >= 0, got {self.ce_weight} and {self.tree_weight}")
         active = self.ce_weight if self.objective == "dflash" else self.ce_weight + self.tree_weight
         if active <= 0:
-            raise ValueError(f"objective {self.objective!r} with ce_weight={self.ce_weight} and "
-                             f"tree_weight={self.tree_weight} has no loss to train")
+            raise ValueError(
+                f"objective {self.objective!r} with ce_weight={self.ce_weight} and "
+                f"tree_weight={self.tree_weight} has no loss to train"
+            )
         if not 0 < self.alpha <= 1:
             raise ValueError(f"alpha must be in (0, 1], got {self.alpha}")
         if not self.gamma > 0:
@@ -201,19 +225,24 @@ class ExitTrainingArguments(TrainingArguments):
         if self.ce_decay is not None and not isinstance(self.ce_decay, bool):
             raise ValueError(f"ce_decay must be None, True or False, got {self.ce_decay!r}")
         if self.tree_normalization not in TREE_NORMALIZATIONS:
-            raise ValueError(f"tree_normalization must be one of {TREE_NORMALIZATIONS}, got {self.tree_normalization!r}")
+            raise ValueError(
+                f"tree_normalization must be one of {TREE_NORMALIZATIONS}, got {self.tree_normalization!r}"
+            )
         if not _is_int(self.anchors_per_sequence) or self.anchors_per_sequence < 1:
             raise ValueError(f"anchors_per_sequence must be an int >= 1, got {self.anchors_per_sequence!r}")
         if self.tree_anchors not in TREE_ANCHORS:
             raise ValueError(f"tree_anchors must be one of {TREE_ANCHORS}, got {self.tree_anchors!r}")
-        if self.tree_context_window is not None and (not _is_int(self.tree_context_window)
-                                                     or self.tree_context_window < 1):
+        if self.tree_context_window is not None and (
+            not _is_int(self.tree_context_window) or self.tree_context_window < 1
+        ):
             raise ValueError(f"tree_context_window must be None or an int >= 1, got {self.tree_context_window!r}")
         if self.max_length is not None and self.max_length < 2:
             raise ValueError(f"max_length must be None or >= 2, got {self.max_length}")
         if self.remove_unused_columns:
-            raise ValueError("ExitTrainer needs remove_unused_columns=False: the drafter's forward does not take "
-                             "the dataset columns (input_ids, loss_mask), the trainer reads them")
+            raise ValueError(
+                "ExitTrainer needs remove_unused_columns=False: the drafter's forward does not take "
+                "the dataset columns (input_ids, loss_mask), the trainer reads them"
+            )
         super().__post_init__()
 
 
@@ -260,14 +289,25 @@ class ExitTrainer(Trainer):
     # compute_loss returns a per-batch mean; Trainer divides it by the accumulation steps.
     loss_is_scaled_for_ga = False
 
-    def __init__(self, model: DFlashDraftModel, target_model: PreTrainedModel, args: ExitTrainingArguments | None = None,
-                 train_dataset=None, eval_dataset=None, data_collator=None, processing_class=None, callbacks=None,
-                 optimizers=(None, None), **kwargs):
+    def __init__(
+        self,
+        model: DFlashDraftModel,
+        target_model: PreTrainedModel,
+        args: ExitTrainingArguments | None = None,
+        train_dataset=None,
+        eval_dataset=None,
+        data_collator=None,
+        processing_class=None,
+        callbacks=None,
+        optimizers=(None, None),
+        **kwargs,
+    ):
         if not isinstance(model, DFlashDraftModel):
             raise TypeError(f"model must be a hf_tev.DFlashDraftModel (the drafter), got {type(model).__name__}")
         if not isinstance(target_model, PreTrainedModel) or target_model.get_output_embeddings() is None:
-            raise TypeError("target_model must be a transformers causal LM with an LM head, got "
-                            f"{type(target_model).__name__}")
+            raise TypeError(
+                f"target_model must be a transformers causal LM with an LM head, got {type(target_model).__name__}"
+            )
         model.check_target(target_model)
         if args is None:
             args = ExitTrainingArguments(output_dir="tmp_trainer")
@@ -276,18 +316,29 @@ class ExitTrainer(Trainer):
         eval_datasets = eval_dataset if isinstance(eval_dataset, Mapping) else {None: eval_dataset}
         for dataset in (train_dataset, *eval_datasets.values()):
             if isinstance(dataset, CachedFeatureDataset) and dataset.cache.layer_ids != model.config.target_layer_ids:
-                raise ValueError(f"the feature cache {dataset.cache.path} holds target layers "
-                                 f"{dataset.cache.layer_ids}, the drafter reads {model.config.target_layer_ids}")
+                raise ValueError(
+                    f"the feature cache {dataset.cache.path} holds target layers "
+                    f"{dataset.cache.layer_ids}, the drafter reads {model.config.target_layer_ids}"
+                )
         check_dataset(train_dataset, "train_dataset")
         for split, dataset in eval_datasets.items():
             check_dataset(dataset, "eval_dataset" if split is None else f"eval_dataset[{split!r}]")
         if data_collator is None:
-            data_collator = ExitDataCollator(pad_token_id=_pad_token_id(target_model, processing_class),
-                                             max_length=args.max_length)
+            data_collator = ExitDataCollator(
+                pad_token_id=_pad_token_id(target_model, processing_class), max_length=args.max_length
+            )
 
-        super().__init__(model=model, args=args, data_collator=data_collator, train_dataset=train_dataset,
-                         eval_dataset=eval_dataset, processing_class=processing_class, callbacks=callbacks,
-                         optimizers=optimizers, **kwargs)
+        super().__init__(
+            model=model,
+            args=args,
+            data_collator=data_collator,
+            train_dataset=train_dataset,
+            eval_dataset=eval_dataset,
+            processing_class=processing_class,
+            callbacks=callbacks,
+            optimizers=optimizers,
+            **kwargs,
+        )
         self.model_accepts_loss_kwargs = False  # the drafter's forward takes **kwargs but computes no loss
         target_model.requires_grad_(False).eval()
         if getattr(target_model, "hf_device_map", None) is None:  # a device-mapped target stays where it is
@@ -303,8 +354,10 @@ class ExitTrainer(Trainer):
         mode = "train" if model.training else "eval"
         drafter = self.accelerator.unwrap_model(model)
         if "input_ids" not in inputs or "loss_mask" not in inputs:
-            raise ValueError(f"ExitTrainer batches need 'input_ids' and 'loss_mask' (ExitDataCollator builds them), "
-                             f"got {sorted(inputs)}")
+            raise ValueError(
+                f"ExitTrainer batches need 'input_ids' and 'loss_mask' (ExitDataCollator builds them), "
+                f"got {sorted(inputs)}"
+            )
         input_ids, loss_mask = inputs["input_ids"], inputs["loss_mask"].bool()  # [B, T]
         anchors, valid = sample_anchors(loss_mask, args.anchors_per_sequence, self._anchor_generator(mode))  # [B, A]
         with_trees = args.objective != "dflash"
@@ -314,12 +367,18 @@ class ExitTrainer(Trainer):
             features = inputs[CONTEXT_FEATURES]  # [B, T, k*H], cast to the drafter's dtype when used
             width = len(drafter.config.target_layer_ids) * drafter.config.hidden_size
             if features.shape != (*input_ids.shape, width):
-                raise ValueError(f"batch '{CONTEXT_FEATURES}' has shape {tuple(features.shape)}, expected "
-                                 f"{(*input_ids.shape, width)} (the drafter's target layers x hidden size)")
+                raise ValueError(
+                    f"batch '{CONTEXT_FEATURES}' has shape {tuple(features.shape)}, expected "
+                    f"{(*input_ids.shape, width)} (the drafter's target layers x hidden size)"
+                )
         else:
             with torch.no_grad():
-                context = self.target_model(input_ids, output_hidden_states=drafter.target_hidden_indices,
-                                            use_cache=with_trees, logits_to_keep=1)
+                context = self.target_model(
+                    input_ids,
+                    output_hidden_states=drafter.target_hidden_indices,
+                    use_cache=with_trees,
+                    logits_to_keep=1,
+                )
             features = drafter.context_features(context.hidden_states)  # [B, T, k*H]
 
         # 2. All blocks of a sequence in one drafter forward.
@@ -331,19 +390,33 @@ class ExitTrainer(Trainer):
         trees, tree_blocks, tree_probs = [], [], []
         if with_trees:
             has_tree = supervised.all(-1) if args.tree_anchors == "full_horizon" else valid  # [B, A]
-            trees, tree_blocks, tree_probs = self._score_trees(draft_logits, input_ids, anchors, has_tree,
-                                                               context.cache)
+            trees, tree_blocks, tree_probs = self._score_trees(
+                draft_logits, input_ids, anchors, has_tree, context.cache
+            )
 
         # 4. ce_weight * CE + tree_weight * tree.
-        parts = exittrain_loss(draft_logits.reshape(B * A, D, V), labels.reshape(B * A, D), supervised.reshape(B * A, D),
-                               trees, tree_blocks, tree_probs, args.objective, ce_weight=args.ce_weight,
-                               tree_weight=args.tree_weight, alpha=args.alpha, gamma=args.gamma,
-                               ce_decay=args.ce_decay, tree_normalization=args.tree_normalization)
+        parts = exittrain_loss(
+            draft_logits.reshape(B * A, D, V),
+            labels.reshape(B * A, D),
+            supervised.reshape(B * A, D),
+            trees,
+            tree_blocks,
+            tree_probs,
+            args.objective,
+            ce_weight=args.ce_weight,
+            tree_weight=args.tree_weight,
+            alpha=args.alpha,
+            gamma=args.gamma,
+            ce_decay=args.ce_decay,
+            tree_normalization=args.tree_normalization,
+        )
         metrics = {"loss_dflash": parts.ce}
         if with_trees:  # NaN when no tree was built: left out of the averages (every process logs the same names)
             missing = parts.ce.new_tensor(math.nan)
-            metrics.update(loss_tree=missing if parts.tree is None else parts.tree,
-                           tree_1_plus_c=missing if parts.tree_block_length is None else parts.tree_block_length)
+            metrics.update(
+                loss_tree=missing if parts.tree is None else parts.tree,
+                tree_1_plus_c=missing if parts.tree_block_length is None else parts.tree_block_length,
+            )
         self._record(mode, metrics)
         return (parts.loss, {"draft_logits": draft_logits}) if return_outputs else parts.loss
 
@@ -359,8 +432,12 @@ class ExitTrainer(Trainer):
         position_ids = torch.cat([torch.arange(T, device=anchors.device).expand(B, T), block_positions], dim=1)
         mask = block_attention_mask(anchors, T, L, drafter.dtype)
         # The DDP-wrapped model is called, so gradient synchronisation sees this forward.
-        hidden = model(noise_embeds=noise_embeds, context_hidden_states=features.to(drafter.dtype),
-                       position_ids=position_ids, attention_mask=mask).last_hidden_state  # [B, A*L, H]
+        hidden = model(
+            noise_embeds=noise_embeds,
+            context_hidden_states=features.to(drafter.dtype),
+            position_ids=position_ids,
+            attention_mask=mask,
+        ).last_hidden_state  # [B, A*L, H]
         hidden = hidden.view(B, A, L, -1)[:, :, 1:]  # block positions 1..D
         lm_head = self.target_model.get_output_embeddings()
         return lm_head(hidden.to(lm_head.weight.dtype))
@@ -383,12 +460,20 @@ class ExitTrainer(Trainer):
         trees = [build_tree(draft_logprobs[b, slot], args.tree_budget, input_ids[b, a]) for b, slot, a in anchor_list]
         owners = [b for b, _, _ in anchor_list]
         tokens, positions, mask, offsets = tree_batch_inputs(
-            trees, owners, [a for _, _, a in anchor_list], B, T, self.target_model.dtype,
-            context_window=args.tree_context_window)
+            trees,
+            owners,
+            [a for _, _, a in anchor_list],
+            B,
+            T,
+            self.target_model.dtype,
+            context_window=args.tree_context_window,
+        )
         with torch.no_grad():
             node_logits = self.target_model(tokens, position_ids=positions, attention_mask=mask, cache=cache).logits
-        edges = [edge_probs(tree, node_logits[owner, offset: offset + tree.num_nodes].float().softmax(-1))
-                 for tree, owner, offset in zip(trees, owners, offsets)]
+        edges = [
+            edge_probs(tree, node_logits[owner, offset : offset + tree.num_nodes].float().softmax(-1))
+            for tree, owner, offset in zip(trees, owners, offsets)
+        ]
         edges = [torch.cat([edge.new_ones(1), edge]) for edge in edges]  # [N]: the root's entry is 1
         return trees, [b * A + slot for b, slot, _ in anchor_list], edges
 
@@ -419,7 +504,9 @@ class ExitTrainer(Trainer):
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         mode = "train" if self.model.training else "eval"
-        averaged = {name: torch.stack(values).nanmean().item() for name, values in self._metrics[mode].items() if values}
+        averaged = {
+            name: torch.stack(values).nanmean().item() for name, values in self._metrics[mode].items() if values
+        }
         averaged = {name: value for name, value in averaged.items() if not math.isnan(value)}  # e.g. no tree built
         if mode == "eval":
             averaged = {f"eval_{name}": value for name, value in averaged.items()}
@@ -442,10 +529,17 @@ class ExitTrainer(Trainer):
             self.processing_class.save_pretrained(output_dir)
         torch.save(self.args, os.path.join(output_dir, TRAINING_ARGS_NAME))
 
-    def create_model_card(self, repo_id: str | None = None, target_model_id: str | None = None,
-                          dataset_description: str | None = None, measured_tau: Mapping[Any, float] | None = None,
-                          tau_temperature: float | None = None, license: str = "apache-2.0",
-                          datasets: Sequence[str] | None = None, **_unused) -> str:
+    def create_model_card(
+        self,
+        repo_id: str | None = None,
+        target_model_id: str | None = None,
+        dataset_description: str | None = None,
+        measured_tau: Mapping[Any, float] | None = None,
+        tau_temperature: float | None = None,
+        license: str = "apache-2.0",
+        datasets: Sequence[str] | None = None,
+        **_unused,
+    ) -> str:
         """Write `README.md` into `args.output_dir` (main process) from the package's card template
         (`hf_tev/training/drafter_card.md`, see `hub.render_model_card`) and return its text.
 
@@ -459,9 +553,16 @@ class ExitTrainer(Trainer):
             tau_temperature: the sampling temperature of `measured_tau` entries that do not carry one.
             license: the card's license (metadata). datasets: Hub ids of the training data (metadata).
         """
-        card = hub.trainer_model_card(self, repo_id=repo_id, target_model_id=target_model_id,
-                                      dataset_description=dataset_description, measured_tau=measured_tau,
-                                      tau_temperature=tau_temperature, license=license, datasets=datasets)
+        card = hub.trainer_model_card(
+            self,
+            repo_id=repo_id,
+            target_model_id=target_model_id,
+            dataset_description=dataset_description,
+            measured_tau=measured_tau,
+            tau_temperature=tau_temperature,
+            license=license,
+            datasets=datasets,
+        )
         if self.is_world_process_zero():
             card.save(Path(self.args.output_dir, "README.md"))
         return card.content
@@ -478,12 +579,22 @@ class ExitTrainer(Trainer):
         self.hub_model_id = self._hub_api(token).create_repo(repo_id, private=private, exist_ok=True).repo_id
         self.push_in_progress = None
 
-    def push_to_hub(self, repo_id: str | None = None, commit_message: str | None = "End of training",
-                    blocking: bool = True, token: str | None = None, revision: str | None = None,
-                    private: bool | None = None, target_model_id: str | None = None,
-                    dataset_description: str | None = None, measured_tau: Mapping[Any, float] | None = None,
-                    tau_temperature: float | None = None, license: str = "apache-2.0",
-                    datasets: Sequence[str] | None = None, **_unused):
+    def push_to_hub(
+        self,
+        repo_id: str | None = None,
+        commit_message: str | None = "End of training",
+        blocking: bool = True,
+        token: str | None = None,
+        revision: str | None = None,
+        private: bool | None = None,
+        target_model_id: str | None = None,
+        dataset_description: str | None = None,
+        measured_tau: Mapping[Any, float] | None = None,
+        tau_temperature: float | None = None,
+        license: str = "apache-2.0",
+        datasets: Sequence[str] | None = None,
+        **_unused,
+    ):
         """Upload the drafter (published layout: `config.json` + safetensors) and a filled model card.
 
         Creates the repo first (so offline, or without access, it fails before anything is written), then
@@ -500,11 +611,22 @@ class ExitTrainer(Trainer):
         self.save_model(_internal_call=True)  # every process: some engines gather weights collectively
         if not self.is_world_process_zero():
             return None
-        self.create_model_card(repo_id=self.hub_model_id, target_model_id=target_model_id,
-                               dataset_description=dataset_description, measured_tau=measured_tau,
-                               tau_temperature=tau_temperature, license=license, datasets=datasets)
+        self.create_model_card(
+            repo_id=self.hub_model_id,
+            target_model_id=target_model_id,
+            dataset_description=dataset_description,
+            measured_tau=measured_tau,
+            tau_temperature=tau_temperature,
+            license=license,
+            datasets=datasets,
+        )
         self._finish_current_push()
-        return hub.upload_folder(self._hub_api(token), self.hub_model_id, self.args.output_dir,
-                                 ignore_patterns=[*hub.UPLOAD_IGNORE, TRAINING_ARGS_NAME], commit_message=commit_message,
-                                 revision=revision if revision is not None else self.args.hub_revision,
-                                 blocking=blocking)
+        return hub.upload_folder(
+            self._hub_api(token),
+            self.hub_model_id,
+            self.args.output_dir,
+            ignore_patterns=[*hub.UPLOAD_IGNORE, TRAINING_ARGS_NAME],
+            commit_message=commit_message,
+            revision=revision if revision is not None else self.args.hub_revision,
+            blocking=blocking,
+        )
