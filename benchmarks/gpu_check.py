@@ -138,7 +138,7 @@ def kit_trees(device, prompts: int, max_new_tokens: int, max_budget: int):
     """The kit drafter's trees (path log-probs, nested: the first n nodes are the best tree of size n) along
     greedy decoding of a few held-out prompts, and the acceptance calibration an "auto" run learns there."""
     from hf_tev import TEVConfig
-    from hf_tev.generation import DFlashTreeCandidateGenerator, _CALIBRATIONS
+    from hf_tev.generation import _CALIBRATIONS, DFlashTreeCandidateGenerator
     from hf_tev.kit import load_kit_model, load_kit_prompts, load_kit_tokenizer
 
     target, drafter = load_kit_model("target", device=device), load_kit_model("drafter-dflash-l135", device=device)
@@ -271,7 +271,7 @@ def main(argv=None) -> dict:
     curve = report["tree_pass"]
     print(
         "tree pass / one token:",
-        ", ".join(f"{n}: {r:.2f}x" for n, r in zip(curve["tokens"], curve["ratio_to_one_token"])),
+        ", ".join(f"{n}: {r:.2f}x" for n, r in zip(curve["tokens"], curve["ratio_to_one_token"], strict=True)),
     )
     for row in report["overhead"]:
         print(

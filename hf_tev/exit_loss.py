@@ -217,7 +217,7 @@ def exittrain_loss(
     ce = dflash_loss(block_logits, labels, label_mask, gamma if ce_decays(objective, ce_decay) else math.inf)
     if objective == "dflash" or not trees:
         return ExitLoss(ce_weight * ce, ce, None, None)
-    weights = [node_weights(tree, probs, objective, alpha) for tree, probs in zip(trees, tree_probs)]
+    weights = [node_weights(tree, probs, objective, alpha) for tree, probs in zip(trees, tree_probs, strict=True)]
     tree = tree_loss(
         block_logits[list(tree_blocks)],
         _pad([t.depths for t in trees]),
@@ -225,7 +225,8 @@ def exittrain_loss(
         _pad(weights),
         tree_normalization,
     )
-    block_length = torch.stack([expected_block_length(t, probs) for t, probs in zip(trees, tree_probs)]).mean()
+    lengths = [expected_block_length(tree, probs) for tree, probs in zip(trees, tree_probs, strict=True)]
+    block_length = torch.stack(lengths).mean()
     return ExitLoss(ce_weight * ce + tree_weight * tree, ce, tree, block_length)
 
 

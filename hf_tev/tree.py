@@ -307,7 +307,8 @@ def chain_tree(draft_logprobs: torch.Tensor, budget: int, root_token, size_rule=
     )
 
 
-# Tree sources, one signature: (draft_logprobs [D, V], budget, root_token, size_rule=None) -> DraftTree. `TEVConfig.tree` names one.
+# Tree sources, one signature: (draft_logprobs [D, V], budget, root_token, size_rule=None) -> DraftTree.
+# `TEVConfig.tree` names one.
 TREE_BUILDERS = {"best_first": build_tree, "chain": chain_tree}
 
 

@@ -189,7 +189,7 @@ def _exit_masses_host(lists: TreeLists, edge: list[float]) -> tuple[list[float],
         parent = lists.parents[node]
         flow[node] = flow[parent] * edge[node - 1]
         residual_mass[parent] -= edge[node - 1]
-    return [max(p * r, 0.0) for p, r in zip(flow, residual_mass)], residual_mass
+    return [max(p * r, 0.0) for p, r in zip(flow, residual_mass, strict=True)], residual_mass
 
 
 def target_flow(tree: DraftTree, scores: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

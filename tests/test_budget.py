@@ -63,7 +63,12 @@ def test_the_builder_stops_where_the_rule_says_and_keeps_the_best_prefix():
         whole = builder(logprobs, 40, 3, size_rule=lambda n, log_q: True)
         for stop in (1, 4, 9):
             asked = []
-            cut = builder(logprobs, 40, 3, size_rule=lambda n, log_q, stop=stop: asked.append(n) or n <= stop)
+
+            def rule(n, log_q, stop=stop, asked=asked):
+                asked.append(n)
+                return n <= stop
+
+            cut = builder(logprobs, 40, 3, size_rule=rule)
             size = min(stop, whole.num_nodes - 1)
             assert cut.num_nodes == size + 1, name
             assert torch.equal(cut.tokens, whole.tokens[: size + 1]) and torch.equal(

@@ -406,7 +406,7 @@ def test_native_transformers_dflash_generate(arch, left_pad):
     new_rows = [call["context_hidden_states"].shape[1] for call in calls]
     assert len(calls) > 3 and max(new_rows[1:]) > 1  # some drafts were accepted
     context, context_positions = [], []
-    for call, rows in zip(calls, new_rows):
+    for call, rows in zip(calls, new_rows, strict=True):
         context.append(call["context_hidden_states"])
         context_positions.append(call["position_ids"][:, :rows])
         all_context, all_positions = torch.cat(context, 1), torch.cat(context_positions, 1)

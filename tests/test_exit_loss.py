@@ -81,18 +81,18 @@ def test_node_weights_reject_unknown_objective():
 def naive_tree_loss(logits, trees, weights, normalization="nodes"):
     """Materialises log q at every node: the definition, tree by tree."""
     sums = []
-    for k, (tree, w) in enumerate(zip(trees, weights)):
+    for k, (tree, w) in enumerate(zip(trees, weights, strict=True)):
         log_q = logits[k].log_softmax(-1)  # [D, V]
         node_log_q = torch.stack(
             [
                 log_q[d - 1, t] if d > 0 else log_q.new_zeros(())
-                for d, t in zip(tree.depths.tolist(), tree.tokens.tolist())
+                for d, t in zip(tree.depths.tolist(), tree.tokens.tolist(), strict=True)
             ]
         )  # [N]
         sums.append(-(w * node_log_q).sum())
     if normalization == "nodes":  # all trees' weighted NLL over the number of drafted nodes (root excluded)
         return torch.stack(sums).sum() / sum(tree.num_nodes - 1 for tree in trees)
-    return torch.stack([total / w.sum() for total, w in zip(sums, weights)]).mean()
+    return torch.stack([total / w.sum() for total, w in zip(sums, weights, strict=True)]).mean()
 
 
 def pad(rows, value=0):

@@ -51,7 +51,7 @@ def test_padded_batch_features_equal_single_row_forwards(target):
     drafter = make_drafter(target)
     rows = make_rows()
     batched = compute_context_features(target, LAYERS, [row["input_ids"] for row in rows])
-    for row, features in zip(rows, batched):
+    for row, features in zip(rows, batched, strict=True):
         assert features.shape == (len(row["input_ids"]), 2 * 64)
         torch.testing.assert_close(
             features, single_row_features(target, drafter, row["input_ids"]), rtol=1e-5, atol=1e-5
@@ -138,7 +138,7 @@ def test_max_length_and_bfloat16_storage(target, tmp_path):
     cache = FeatureCache(tmp_path / "cache", target, drafter, dtype=torch.bfloat16, max_length=7)
     cache.update(rows, show_progress=False)
     dataset = CachedFeatureDataset(rows, cache)
-    for row, item in zip(rows, dataset):
+    for row, item in zip(rows, dataset, strict=True):
         assert item["input_ids"] == row["input_ids"][:7] and item[CONTEXT_FEATURES].shape == (7, 128)
         assert item[CONTEXT_FEATURES].dtype == torch.bfloat16
         torch.testing.assert_close(

@@ -154,7 +154,7 @@ def test_processors_per_node_match_plain_generate():
     assert isinstance(out, GenerateDecoderOnlyOutput)
     assert out.sequences.tolist() == expected.sequences.tolist()
     assert len(out.scores) == len(expected.scores)
-    for ours, theirs in zip(out.scores, expected.scores):
+    for ours, theirs in zip(out.scores, expected.scores, strict=True):
         finite = torch.isfinite(theirs)
         assert torch.equal(finite, torch.isfinite(ours))
         torch.testing.assert_close(ours[finite], theirs[finite], atol=1e-4, rtol=1e-4)
@@ -458,6 +458,6 @@ def test_stats_are_consistent():
     generated = out.sequences.shape[1] - prompt.shape[1]
     # the first token comes from the prefill; every cycle emits its accepted length (the last may be cut)
     assert 1 + sum(stats.accepted_lengths) >= generated > sum(stats.accepted_lengths[:-1])
-    assert all(1 <= c <= 1 + s + 1e-5 for c, s in zip(stats.coverages, stats.tree_sizes))
+    assert all(1 <= c <= 1 + s + 1e-5 for c, s in zip(stats.coverages, stats.tree_sizes, strict=True))
     summary = stats.summary()
     assert summary["cycles"] == stats.num_cycles and math.isfinite(summary["verify_s"])

@@ -25,9 +25,9 @@ def package_files(suffix_is_py: bool) -> set[str]:
     """Files under hf_tev/ (wheel-style paths), Python sources or everything else."""
     found = set()
     for path in PACKAGE.rglob("*"):
-        if path.is_file() and not any(part in SKIP for part in path.parts) and path.suffix != ".pyc":
-            if (path.suffix == ".py") == suffix_is_py:
-                found.add(path.relative_to(REPO_ROOT).as_posix())
+        wanted = path.is_file() and not any(part in SKIP for part in path.parts) and path.suffix != ".pyc"
+        if wanted and (path.suffix == ".py") == suffix_is_py:
+            found.add(path.relative_to(REPO_ROOT).as_posix())
     return found
 
 

@@ -111,7 +111,7 @@ def test_batched_tree_pass_equals_plain_path_forwards(window, target):
     owners, anchors = [0, 0, 1], [4, 9, 6]
     trees = [
         build_tree(torch.randn(3, 96).log_softmax(-1), budget, input_ids[b, a])
-        for b, a, budget in zip(owners, anchors, [4, 2, 5])
+        for b, a, budget in zip(owners, anchors, [4, 2, 5], strict=True)
     ]
     with torch.no_grad():
         cache = target(input_ids, use_cache=True).cache
@@ -119,7 +119,7 @@ def test_batched_tree_pass_equals_plain_path_forwards(window, target):
             trees, owners, anchors, 2, T, torch.float32, context_window=window
         )
         logits = target(tokens, position_ids=positions, attention_mask=mask, cache=cache).logits
-        for tree, b, a, offset in zip(trees, owners, anchors, offsets):
+        for tree, b, a, offset in zip(trees, owners, anchors, offsets, strict=True):
             for node in range(tree.num_nodes):
                 path = tree.tokens[tree.visibility[node]]  # root .. node
                 sequence = torch.cat([input_ids[b, :a], path])[None]
@@ -234,7 +234,7 @@ def test_training_trees_are_scored_like_plain_target_forwards(tree_anchors, targ
     expected = [(0, 0, 3), (1, 0, 5)] if tree_anchors == "full_horizon" else [(0, 0, 3), (0, 1, 9), (1, 0, 5)]
     assert tree_blocks == [b * 2 + slot for b, slot, _ in expected]  # flat index b * A + slot
     with torch.no_grad():
-        for tree, edges, (b, slot, a) in zip(trees, tree_probs, expected):
+        for tree, edges, (b, _, a) in zip(trees, tree_probs, expected, strict=True):
             assert tree.num_nodes == 6 and tree.tokens[0] == batch["input_ids"][b, a]
             for node in range(1, tree.num_nodes):
                 path = tree.tokens[tree.visibility[tree.parents[node]]]  # root .. parent
@@ -341,7 +341,7 @@ def test_generate_training_data_uses_the_targets_own_responses(target):
     prompts = [[5, 17, 33], [40, 41], [7, 8, 9, 10]]
     rows = generate_training_data(target, prompts, max_new_tokens=6, batch_size=2, show_progress=False, do_sample=False)
     assert len(rows) == 3
-    for prompt, row in zip(prompts, rows):
+    for prompt, row in zip(prompts, rows, strict=True):
         alone = target.generate(torch.tensor([prompt]), max_new_tokens=6, do_sample=False, pad_token_id=0)[0].tolist()
         assert row["prompt_length"] == len(prompt)
         assert row["input_ids"] == alone[: len(row["input_ids"])]

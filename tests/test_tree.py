@@ -68,7 +68,7 @@ def num_paths(num_depths, vocab):
 @pytest.mark.parametrize("num_depths,vocab", [(1, 4), (2, 3), (3, 4), (4, 3), (3, 5)])
 def test_builder_equals_brute_force_continuous(num_depths, vocab):
     gen = torch.Generator().manual_seed(num_depths * 10 + vocab)
-    for trial in range(6):
+    for _ in range(6):
         logprobs = (2 * torch.randn(num_depths, vocab, generator=gen)).log_softmax(-1)
         for budget in sorted(
             {0, 1, 2, 3, vocab, vocab + 1, 7, 13, num_paths(num_depths, vocab), num_paths(num_depths, vocab) + 5}

@@ -8,6 +8,7 @@ verifiers unpatched. The reference is the target's own sampling, computed here b
 tree through the parent pointers.
 """
 
+import itertools
 import math
 from collections import defaultdict
 
@@ -131,7 +132,7 @@ def enumerate_law(verifier, tree, probs, monkeypatch):
         path = path.tolist()
         # The path is root..v through the parent pointers.
         parents = tree.parents.tolist()
-        assert path[0] == 0 and all(parents[b] == a for a, b in zip(path, path[1:]))
+        assert path[0] == 0 and all(parents[b] == a for a, b in itertools.pairwise(path))
         law[(path[-1], int(bonus))] += draws.probability
     monkeypatch.undo()
     return dict(law), runs
@@ -307,7 +308,7 @@ def test_verifiers_are_reproducible_with_a_generator():
     for verifier in VERIFIERS.values():
         first = [verifier(tree, probs.log(), torch.Generator().manual_seed(s)) for s in range(5)]
         again = [verifier(tree, probs.log(), torch.Generator().manual_seed(s)) for s in range(5)]
-        for (p1, b1), (p2, b2) in zip(first, again):
+        for (p1, b1), (p2, b2) in zip(first, again, strict=True):
             assert torch.equal(p1, p2) and torch.equal(b1, b2)
 
 
@@ -405,7 +406,7 @@ def test_flow_reads_only_rows_of_nodes_with_children(case):
     assert leaves.any()
     poisoned = scores.clone()
     poisoned[leaves] = float("nan")
-    for got, want in zip(target_flow(tree, poisoned), target_flow(tree, scores)):
+    for got, want in zip(target_flow(tree, poisoned), target_flow(tree, scores), strict=True):
         assert torch.equal(got, want)
 
 

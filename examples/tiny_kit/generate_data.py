@@ -85,7 +85,7 @@ def main():
             **sampling,
         )
         with open(args.out, "a") as f:
-            for prompt, row in zip(chunk, rows):
+            for prompt, row in zip(chunk, rows, strict=True):
                 f.write(json.dumps({**row, "prompt_id": prompt["id"]}) + "\n")
         new_rows += len(rows)
         new_tokens += sum(len(r["input_ids"]) - r["prompt_length"] for r in rows)

@@ -8,10 +8,11 @@ Pools the prompt sets (cycle-weighted) and prints a markdown table, with each dr
 import json
 import sys
 from collections import defaultdict
+from pathlib import Path
 
 
 def main(paths):
-    records = [r for path in paths for r in json.load(open(path))]
+    records = [r for path in paths for r in json.loads(Path(path).read_text())]
     pooled = defaultdict(lambda: [0.0, 0.0, 0])  # (drafter, T, B) -> [sum tau, sum 1+C, cycles]
     for r in records:
         cell = pooled[r["drafter"], r["temperature"], r["budget"]]

@@ -123,7 +123,12 @@ def main():
         drafter = DFlashDraftModel.from_target(
             target, num_layers=args.num_layers, block_size=args.block_size, target_layer_ids=target_layers
         )
-    rows = [json.loads(line) for path in args.data.split(",") for line in open(path) if line.strip()]
+    rows = [
+        json.loads(line)
+        for path in args.data.split(",")
+        for line in Path(path).read_text().splitlines()
+        if line.strip()
+    ]
     rows = rows[: args.max_rows] if args.max_rows else rows
 
     training_args = ExitTrainingArguments(

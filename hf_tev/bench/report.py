@@ -78,7 +78,7 @@ def _sr_tau_table(records, sets, keys, lead) -> list[str]:
     rows = []
     for key in keys:
         srs, taus = _per_set(records, key, sets, "speedup"), _per_set(records, key, sets, "tau")
-        pairs = [_fmt(x) for pair in zip(srs, taus) for x in pair]
+        pairs = [_fmt(x) for pair in zip(srs, taus, strict=True) for x in pair]
         rows.append([*lead(key), *pairs, _fmt(_mean(srs)), _fmt(_mean(taus))])
     header_lead = ["B", "method", "drafter"] if len(lead(keys[0])) == 3 else ["method", "drafter"]
     return _table([*header_lead, *[f"{s} {w}" for s in sets for w in ("SR", "τ")], "avg SR", "avg τ"], rows)
@@ -149,7 +149,7 @@ def _verifier_stage(at_t, sets, temperature) -> list[str]:
     ):
         ms = _per_set(staged, key, sets, "verifier_stage_ms")
         reduction = _per_set(staged, key, sets, "verifier_stage_reduction")
-        cells = [c for m, red in zip(ms, reduction) for c in (_fmt(m, ".3f"), _percent(red))]
+        cells = [c for m, red in zip(ms, reduction, strict=True) for c in (_fmt(m, ".3f"), _percent(red))]
         label = _replayed(key[0])[1]
         rows.append([str(key[2]), key[1], label, *cells, _fmt(_mean(ms), ".3f"), _percent(_mean(reduction))])
     title = (

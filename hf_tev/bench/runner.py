@@ -482,7 +482,7 @@ def summarise(job: Job, runs_per_prompt: list[list[Run]], ar_runs: list[list[Run
         cycles=len(blocks),
         tau=sum(blocks) / max(1, len(blocks)),
         coverage=statistics.fmean(coverages) if coverages else None,
-        coverage_z=z_statistic([b - c for b, c in zip(blocks, coverages)]),
+        coverage_z=z_statistic([b - c for b, c in zip(blocks, coverages, strict=True)]),
         draft_ms=per_cycle_ms(lambda run: sum(run.stats.draft_times)),
         build_ms=per_cycle_ms(lambda run: sum(run.stats.build_times)),
         forward_ms=per_cycle_ms(lambda run: sum(run.stats.forward_times)),
@@ -518,7 +518,7 @@ def tree_size_fields(runs: list[Run]) -> dict:
 
 def greedy_mismatch(runs_per_prompt, ar_runs) -> str | None:
     """None when every prompt's tokens equal ar's, else where they first differ."""
-    for index, (runs, reference) in enumerate(zip(runs_per_prompt, ar_runs)):
+    for index, (runs, reference) in enumerate(zip(runs_per_prompt, ar_runs, strict=True)):
         got, want = runs[0].sequence[0], reference[0].sequence[0]
         if not torch.equal(got, want):
             common = min(got.numel(), want.numel())

@@ -44,12 +44,12 @@ class ExitDataCollator:
     max_length: int | None = None
 
     def __call__(self, rows: Sequence[Mapping[str, Any]]) -> dict[str, torch.Tensor]:
-        sequences, masks = zip(*(self._row(row) for row in rows))
+        sequences, masks = zip(*(self._row(row) for row in rows), strict=True)
         length = max(len(ids) for ids in sequences)
         input_ids = torch.full((len(rows), length), self.pad_token_id, dtype=torch.long)
         attention_mask = torch.zeros((len(rows), length), dtype=torch.long)
         loss_mask = torch.zeros((len(rows), length), dtype=torch.bool)
-        for i, (ids, mask) in enumerate(zip(sequences, masks)):
+        for i, (ids, mask) in enumerate(zip(sequences, masks, strict=True)):
             input_ids[i, : len(ids)] = ids
             attention_mask[i, : len(ids)] = 1
             loss_mask[i, : len(ids)] = mask
@@ -65,7 +65,7 @@ class ExitDataCollator:
     def _features(rows, sequences, length: int) -> torch.Tensor:
         first = torch.as_tensor(rows[0][CONTEXT_FEATURES])
         features = torch.zeros((len(rows), length, first.shape[-1]), dtype=first.dtype)  # [B, T, k*H]
-        for i, (row, ids) in enumerate(zip(rows, sequences)):
+        for i, (row, ids) in enumerate(zip(rows, sequences, strict=True)):
             given = torch.as_tensor(row[CONTEXT_FEATURES])
             tokens = torch.as_tensor(row[INPUT_IDS]).numel()  # before truncation to max_length
             if given.dim() != 2 or given.shape[0] != tokens or given.shape[1] != first.shape[-1]:
@@ -173,7 +173,7 @@ def generate_training_data(
             **generate_kwargs,
         )
         sequences = output.sequences if hasattr(output, "sequences") else output
-        for ids, response in zip(batch, sequences[:, width:].tolist()):
+        for ids, response in zip(batch, sequences[:, width:].tolist(), strict=True):
             end = next((i + 1 for i, token in enumerate(response) if token in eos_ids), len(response))
             rows.append({INPUT_IDS: list(ids) + response[:end], PROMPT_LENGTH: len(ids)})
     return rows

@@ -273,7 +273,7 @@ class FeatureCache:
         with open(data_file, "ab") as f:
             for batch in batches:
                 features = compute_context_features(self.target, self.layer_ids, [ids for _, ids in batch])
-                for (key, ids), row_features in zip(batch, features):
+                for (key, ids), row_features in zip(batch, features, strict=True):
                     stored = row_features.to(self.dtype)
                     if not torch.isfinite(stored).all():
                         raise ValueError(

@@ -290,8 +290,8 @@ def _loss_details(objective: str, knobs: Mapping[str, Any]) -> str:
             lines.append(
                 "- trees built for "
                 + (
-                    "the anchors whose whole horizon (block_size - 1 following tokens) is supervised; the cross-entropy "
-                    "covers every anchor"
+                    "the anchors whose whole horizon (block_size - 1 following tokens) is supervised; "
+                    "the cross-entropy covers every anchor"
                     if knobs["tree_anchors"] == "full_horizon"
                     else "every anchor"
                 )
@@ -303,8 +303,8 @@ def _loss_details(objective: str, knobs: Mapping[str, Any]) -> str:
                 + (
                     "with the full context before the anchor"
                     if window is None
-                    else f"seeing only the last {window} tokens before the anchor (an attention mask over the full-context "
-                    "cache; positions stay absolute)"
+                    else f"seeing only the last {window} tokens before the anchor (an attention mask over the "
+                    "full-context cache; positions stay absolute)"
                 )
             )
         if "ce_weight" in knobs and "tree_weight" in knobs:

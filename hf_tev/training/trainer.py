@@ -472,7 +472,7 @@ class ExitTrainer(Trainer):
             node_logits = self.target_model(tokens, position_ids=positions, attention_mask=mask, cache=cache).logits
         edges = [
             edge_probs(tree, node_logits[owner, offset : offset + tree.num_nodes].float().softmax(-1))
-            for tree, owner, offset in zip(trees, owners, offsets)
+            for tree, owner, offset in zip(trees, owners, offsets, strict=True)
         ]
         edges = [torch.cat([edge.new_ones(1), edge]) for edge in edges]  # [N]: the root's entry is 1
         return trees, [b * A + slot for b, slot, _ in anchor_list], edges
@@ -499,7 +499,7 @@ class ExitTrainer(Trainer):
         # One small all-gather per step (every process records the same names); no host sync here.
         values = torch.stack([value.detach().float().reshape(()) for value in metrics.values()])  # [m]
         values = self.accelerator.gather(values).view(-1, len(metrics)).nanmean(0)
-        for name, value in zip(metrics, values):
+        for name, value in zip(metrics, values, strict=True):
             self._metrics[mode][name].append(value)
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
