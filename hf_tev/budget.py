@@ -195,6 +195,15 @@ class CostAwareBudget:
         self.max_budget, self.calibration, self.cost, self.max_pause = max_budget, calibration, cost, max_pause
         self.pause, self.paused = 0, 0  # length of the current pause, cycles left in it
         self.predicted = 1.0  # A_cal of the last chosen tree
+        self.limit = min(max_budget, 16)  # this cycle's cap, see `cap`
+        self.recent: list[int] = []  # sizes chosen in the last drafted cycles
+
+    def cap(self) -> int:
+        """The most nodes this cycle's tree may take. The builder's cost grows with its cap (a top-k of that
+        width per depth, the LM head rows of that many depths), so it follows the sizes recently chosen: twice
+        the largest of the last 16, doubled whenever a tree reached it (the rule wanted more), within
+        [8, max_budget]. A cap only ever cuts a tree the rule would have grown further: any tree stays exact."""
+        return self.limit
 
     def should_draft(self) -> bool:
         """Whether this cycle runs the drafter (False during a pause: the cycle is a plain decoding step)."""
@@ -211,7 +220,7 @@ class CostAwareBudget:
         def add_node(nodes: int, log_q: float) -> bool:
             length = state["length"] + self.calibration(log_q)
             rate = length / self.cost.cycle(nodes)
-            if nodes > self.max_budget or rate < state["rate"]:
+            if nodes > self.limit or rate < state["rate"]:
                 return False
             state["length"], state["rate"] = length, rate
             return True
@@ -223,6 +232,11 @@ class CostAwareBudget:
         """After the build: the tree has `nodes` drafted nodes. Decides the pause before the next drafted
         cycle and returns the predicted block length A_cal(nodes)."""
         self.predicted = self._state["length"] if nodes else 1.0
+        self.recent = (self.recent + [nodes])[-16:]
+        if nodes >= self.limit:
+            self.limit = min(self.max_budget, 2 * self.limit)
+        else:
+            self.limit = min(self.max_budget, max(8, 2 * max(self.recent), self.limit // 2))
         plain_rate = 1.0 / self.cost.cycle(0, drafted=False)
         if self._state["rate"] < plain_rate:  # no tree pays for the drafter: decode plainly for a while
             self.pause = min(max(1, 2 * self.pause), self.max_pause)

@@ -87,18 +87,19 @@ class DFlashTreeCandidateGenerator:
             self.context = torch.cat([self.context, features], dim=1)
             self.context_positions = torch.cat([self.context_positions, positions], dim=1)
 
-    def draft(self, root: torch.LongTensor, root_position: int, max_depth: int) -> torch.Tensor | None:
+    def draft(self, root: torch.LongTensor, root_position: int, max_depth: int, budget: int | None = None):
         """Stage 1: drafter log-probs `[d, V]` of depths 1..d, or None when no tree can be drafted.
 
         Args:
             root (`torch.LongTensor` of shape `(1,)`): the not-yet-verified token that starts the block.
             root_position (`int`): its position id.
             max_depth (`int`): the deepest depth that can still be emitted (fewer tokens may remain).
+            budget (`int`, *optional*): this cycle's largest tree (default: the configured budget).
 
         The block is always the drafter's full block (it is trained on full blocks and attends inside them
         bidirectionally); only the LM head is limited to the `d = min(L - 1, max_depth, budget)` usable depths.
         """
-        depths = min(self.block_size - 1, max_depth, self.budget)
+        depths = min(self.block_size - 1, max_depth, self.budget if budget is None else budget)
         if depths <= 0:
             return None
         self.block_ids[:, :1] = root.view(1, 1)
@@ -109,12 +110,12 @@ class DFlashTreeCandidateGenerator:
         self.context = self.context_positions = None  # in the drafter's cache now
         return torch.log_softmax(logits[0].float(), dim=-1)
 
-    def build(self, draft_logprobs: torch.Tensor | None, root: torch.LongTensor, size_rule=None) -> DraftTree:
-        """Stage 2: the tree of at most `budget` nodes (fewer where `size_rule` stops it, see
-        `hf_tev.budget`); the root alone when nothing was drafted."""
+    def build(self, draft_logprobs, root: torch.LongTensor, size_rule=None, budget: int | None = None) -> DraftTree:
+        """Stage 2: the tree of at most `budget` nodes (default: the configured budget; fewer where `size_rule`
+        stops it, see `hf_tev.budget`); the root alone when nothing was drafted."""
         if draft_logprobs is None:  # the cycle is a plain decoding step
             return chain_tree(root.new_zeros((0, 1), dtype=torch.float32), 0, root)
-        return self.builder(draft_logprobs, self.budget, root, size_rule=size_rule)
+        return self.builder(draft_logprobs, self.budget if budget is None else budget, root, size_rule=size_rule)
 
     def get_candidates(self, root: torch.LongTensor, root_position: int, max_depth: int) -> DraftTree:
         """Draft and build one tree (stages 1 and 2 together, for callers that do not time them apart)."""
@@ -473,15 +474,16 @@ def tree_speculative_decode(
         past = cache.get_seq_length()
         # 1.-2. Draft and build. Tokens still allowed after the root bound the depth (the bonus is one of them).
         # The automatic budget may skip the drafter, and stops the build where one more node does not pay.
-        draft_logprobs = None
+        draft_logprobs, cap = None, None if auto is None else auto.cap()
         if auto is None or auto.should_draft():
-            draft_logprobs = candidates.draft(root, next_position, generation_config.max_length - sequence.shape[1] - 1)
+            max_depth = generation_config.max_length - sequence.shape[1] - 1
+            draft_logprobs = candidates.draft(root, next_position, max_depth, cap)
         draft_s = clock.lap()
         size_rule = None
         if auto is not None and draft_logprobs is not None:
             auto.cost.observe_draft(draft_s)
             size_rule = auto.size_rule()
-        tree = candidates.build(draft_logprobs, root, size_rule)
+        tree = candidates.build(draft_logprobs, root, size_rule, cap)
         if size_rule is not None:
             stats.predicted_lengths.append(auto.chose(tree.num_nodes - 1))
         elif auto is not None:

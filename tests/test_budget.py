@@ -48,6 +48,7 @@ def test_size_rule_finds_the_best_tree_size_on_a_synthetic_cost_curve(shape):
             cost.set_probe(sizes, [10e-3 + (0.0 if k <= 64 else 1e-4 * (k - 64)) for k in sizes])
         cost.observe_draft(2e-3)
         budget = CostAwareBudget(128, identity_calibration(), cost)
+        budget.limit = 128  # the whole range (the cap grows to it when trees keep reaching it: see below)
         rule = budget.size_rule()
         tree_size = next((n - 1 for n in range(1, 129) if not rule(n, log_qs[n - 1])), 128)
         assert tree_size == brute_force_size(log_qs, budget.calibration, cost, 128), trial
@@ -81,6 +82,25 @@ def test_the_builder_stops_where_the_rule_says_and_keeps_the_best_prefix():
                 path = cut.visibility[node].nonzero().squeeze(1)[1:]
                 expected = sum(float(logprobs[int(cut.depths[v]) - 1, int(cut.tokens[v])]) for v in path)
                 assert cut.path_logprobs[node] == pytest.approx(expected, abs=1e-5)
+
+
+def test_the_cap_follows_the_chosen_sizes():
+    cost = CycleCost()
+    cost.set_probe([1, 256], [1e-2, 1e-2])  # free nodes: the rule wants every node the cap allows
+    cost.observe_draft(1e-3)
+    budget = CostAwareBudget(100, identity_calibration(), cost)
+    caps = []
+    for _ in range(5):
+        caps.append(budget.cap())
+        rule = budget.size_rule()
+        size = next((n - 1 for n in range(1, 200) if not rule(n, -0.01)), 199)
+        assert size == budget.cap()
+        budget.chose(size)
+    assert caps == [16, 32, 64, 100, 100]  # doubled while trees reach it, never past max_budget
+    for _ in range(20):  # then the trees stay small: the cap comes down to twice the largest recent one
+        rule = budget.size_rule()
+        budget.chose(3)
+    assert budget.cap() == 8
 
 
 def test_calibration_learns_the_targets_acceptance_and_stays_monotone():
