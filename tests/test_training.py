@@ -1,5 +1,6 @@
 """ExitTrainer end to end on tiny random models: the batched forwards against plain ones, training, resume,
-saving, the Hub upload (recording fake client), 2-process DDP on CPU, bad input."""
+evaluation (deterministic, the decoded tau), FLOPs, saving, the Hub upload (recording fake client), 2-process DDP
+on CPU, bad input (bad rows: tests/test_training_data.py)."""
 
 import json
 import os
@@ -14,6 +15,7 @@ from conftest import make_target
 from huggingface_hub import ModelCard
 from safetensors import safe_open
 
+import hf_tev
 import hf_tev.training.hub as hub
 import hf_tev.training.trainer as trainer_module
 from hf_tev.exit_loss import exittrain_loss
@@ -22,6 +24,7 @@ from hf_tev.training import (
     ExitDataCollator,
     ExitTrainer,
     ExitTrainingArguments,
+    decoded_block_lengths,
     generate_training_data,
     sample_anchors,
     tree_batch_inputs,
@@ -316,7 +319,106 @@ def test_datasets_dataset_and_loss_mask_column_work(target, tmp_path):
     )
     trainer.train()
     metrics = trainer.evaluate()
-    assert {"eval_loss", "eval_loss_dflash", "eval_loss_tree", "eval_tree_1_plus_c"} <= set(metrics)
+    assert {"eval_loss", "eval_loss_dflash", "eval_loss_tree", "eval_tree_1_plus_c", "eval_tau"} <= set(metrics)
+    assert metrics["eval_tau"] >= 1.0 and metrics["eval_tau_cycles"] > 0
+
+
+# ---------------------------------------------------------------------------------------------
+# Evaluation: deterministic, and the decoded tau is real tree decoding
+
+EVAL_KEYS = ("eval_loss", "eval_loss_dflash", "eval_loss_tree", "eval_tree_1_plus_c", "eval_tau", "eval_tau_cycles")
+
+
+def test_evaluation_is_deterministic_and_reports_the_decoded_tau(target, tmp_path):
+    rows = make_rows(n=6, length=16)
+    args = make_args(tmp_path, eval_tau_prompts=3, eval_tau_max_new_tokens=12, per_device_eval_batch_size=2)
+    trainer = ExitTrainer(
+        model=make_drafter(target), target_model=target, args=args, train_dataset=rows, eval_dataset=rows
+    )
+    first, second = trainer.evaluate(), trainer.evaluate()
+    assert {key: first[key] for key in EVAL_KEYS} == {key: second[key] for key in EVAL_KEYS}
+    trainer.train()  # new weights, a new step: still the same anchors, so two evaluations agree again
+    third, fourth = trainer.evaluate(), trainer.evaluate()
+    assert {key: third[key] for key in EVAL_KEYS} == {key: fourth[key] for key in EVAL_KEYS}
+    assert third["eval_loss"] != first["eval_loss"]
+
+    # eval_tau is the mean accepted block length of target.generate with the drafter and TEVConfig(budget=...),
+    # greedy, over the first eval_tau_prompts rows' prompts (tokens before the first supervised one).
+    lengths = []
+    for row in rows[:3]:
+        prompt = torch.tensor([row["input_ids"][: row["prompt_length"]]])
+        output = target.generate(
+            prompt,
+            assistant_model=trainer.model,
+            tev_config=hf_tev.TEVConfig(budget=args.tree_budget),
+            max_new_tokens=12,
+            do_sample=False,
+            return_dict_in_generate=True,
+        )
+        lengths += output.tev_stats.accepted_lengths
+    assert fourth["eval_tau"] == pytest.approx(sum(lengths) / len(lengths)) and fourth["eval_tau_cycles"] == len(
+        lengths
+    )
+
+
+def test_sampled_eval_tau_is_seeded_and_leaves_the_global_rng_alone(target):
+    drafter = make_drafter(target)
+    prompts = [[5, 17, 33], [40, 41, 42, 43]]
+    settings = dict(budget=4, temperature=1.0, max_new_tokens=10, seed=3)
+    state = torch.random.get_rng_state()
+    first = decoded_block_lengths(target, drafter, prompts, **settings)
+    assert torch.equal(torch.random.get_rng_state(), state)
+    assert decoded_block_lengths(target, drafter, prompts, **settings) == first
+    # Prompt i is seeded seed + i, also when the prompts are split across processes (first_index, index_step).
+    alone = decoded_block_lengths(target, drafter, prompts[:1], **settings)
+    second = decoded_block_lengths(target, drafter, prompts[1:], **settings, first_index=1, index_step=2)
+    assert alone + second == first
+    assert decoded_block_lengths(target, drafter, prompts, **{**settings, "seed": 4}) != first  # the seed matters
+
+
+def test_eval_prompts_are_decoded_instead_of_the_rows_prompts(target, tmp_path, monkeypatch):
+    seen = []
+    monkeypatch.setattr(
+        trainer_module,
+        "decoded_block_lengths",
+        lambda target, drafter, prompts, **kwargs: seen.append((prompts, kwargs)) or [2, 1],
+    )
+    rows = make_rows(n=4, length=12)
+    args = make_args(
+        tmp_path, eval_tau_prompts=2, eval_tau_budget=9, eval_tau_temperature=0.5, eval_tau_max_new_tokens=7
+    )
+    trainer = ExitTrainer(
+        model=make_drafter(target),
+        target_model=target,
+        args=args,
+        train_dataset=rows,
+        eval_dataset=rows,
+        eval_prompts=[[9, 9, 9], [8, 8], [7]],
+    )
+    metrics = trainer.evaluate()
+    assert metrics["eval_tau"] == 1.5 and metrics["eval_tau_cycles"] == 2
+    prompts, kwargs = seen[0]
+    assert prompts == [[9, 9, 9], [8, 8]]
+    assert {k: kwargs[k] for k in ("budget", "temperature", "max_new_tokens", "seed")} == {
+        "budget": 9,
+        "temperature": 0.5,
+        "max_new_tokens": 7,
+        "seed": 0,
+    }
+    args.eval_tau_prompts = 0
+    assert "eval_tau" not in trainer.evaluate() and len(seen) == 1
+
+
+def test_total_flos_is_counted(target, tmp_path):
+    rows = make_rows(n=4, length=16)
+    args = make_args(tmp_path, objective="dflash", tree_weight=0.0, max_steps=2)
+    trainer = ExitTrainer(model=make_drafter(target), target_model=target, args=args, train_dataset=rows)
+    trainer.train()
+    # Per step: B = 2 rows of T = 16 tokens, A = 3 anchors, block L = 4, a target context forward, no trees.
+    per_step = trainer._flos(2, 16, 3, BLOCK_SIZE, False, 0)
+    drafter_params = sum(p.numel() for p in trainer.model.parameters())
+    assert per_step >= 6 * drafter_params * 2 * 3 * BLOCK_SIZE
+    assert trainer.state.total_flos == 2 * per_step > 0
 
 
 def test_collator_pads_masks_and_truncates():
@@ -383,9 +485,14 @@ def test_push_to_hub_uploads_published_layout_and_card(target, tmp_path, monkeyp
     RecordingHfApi.calls = []
     monkeypatch.setattr(hub, "HfApi", RecordingHfApi)
     drafter = make_drafter(target)
-    args = make_args(tmp_path, max_steps=2, save_strategy="steps", save_steps=1)
-    trainer = ExitTrainer(model=drafter, target_model=target, args=args, train_dataset=make_rows(n=4))
+    args = make_args(
+        tmp_path, max_steps=2, save_strategy="steps", save_steps=1, eval_tau_prompts=2, eval_tau_max_new_tokens=8
+    )
+    trainer = ExitTrainer(
+        model=drafter, target_model=target, args=args, train_dataset=make_rows(n=4), eval_dataset=make_rows(n=2)
+    )
     trainer.train()
+    eval_tau = trainer.evaluate()["eval_tau"]
     result = trainer.push_to_hub(
         "me/tiny-exittrain",
         target_model_id="me/tiny-target",
@@ -454,6 +561,20 @@ def test_push_to_hub_uploads_published_layout_and_card(target, tmp_path, monkeyp
     assert metadata.base_model == "me/tiny-target" and metadata.library_name == "hf_tev"
     assert metadata.license == "mit" and metadata.datasets == ["me/prompts"]
     assert {"speculative-decoding", "dflash", "tev", "exittrain", "exit"} <= set(metadata.tags)
+    # The tau the trainer decoded, with its budget and temperature, as a model-index result and a table row.
+    (result,) = metadata.eval_results
+    assert (result.metric_type, result.metric_value, result.task_type) == ("tau", round(eval_tau, 4), "text-generation")
+    cycles = result.metric_args["cycles"]
+    assert cycles > 0 and result.metric_args == {
+        "budget": 6,
+        "temperature": 0.0,
+        "max_new_tokens": 8,
+        "cycles": cycles,
+        "step": 2,
+    }
+    assert result.metric_config == "budget=6,temperature=0" and metadata.model_name == "tiny-exittrain"
+    row = f"| budget 6, eval_dataset prompts, tree decoding by the trainer (8 new tokens per prompt, {cycles} cycles,"
+    assert f"{row} step 2) | 0.0 | {eval_tau:.3f} |" in card
 
     loaded = DFlashDraftModel.from_pretrained(folder)
     for name, value in drafter.state_dict().items():
@@ -491,7 +612,9 @@ def test_defaults_follow_the_released_code_and_knobs_are_the_exittrain_fields(tm
     from transformers import TrainingArguments
 
     own = {f.name for f in fields(ExitTrainingArguments)} - {f.name for f in fields(TrainingArguments)}
-    assert set(ExitTrainingArguments.knob_names) == own  # learning_rate, remove_unused_columns: inherited
+    knobs, evaluation = set(ExitTrainingArguments.knob_names), set(ExitTrainingArguments.eval_names)
+    assert knobs | evaluation == own and not knobs & evaluation  # learning_rate, remove_unused_columns: inherited
+    assert (args.eval_tau_prompts, args.eval_tau_budget, args.eval_tau_temperature) == (8, None, 0.0)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -559,6 +682,9 @@ def test_clear_errors_for_bad_input(target, tmp_path):
     drafter = make_drafter(target)
     with pytest.raises(ValueError, match="tree_budget"):
         make_args(tmp_path, tree_budget=0)
+    for knob, value in (("eval_tau_prompts", -1), ("eval_tau_budget", "auto"), ("eval_tau_max_new_tokens", 0)):
+        with pytest.raises(ValueError, match=knob):
+            make_args(tmp_path, **{knob: value})
     with pytest.raises(ValueError, match="objective"):
         make_args(tmp_path, objective="medusa")
     with pytest.raises(ValueError, match="remove_unused_columns"):

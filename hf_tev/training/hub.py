@@ -3,20 +3,23 @@
 The card template `drafter_card.md` is package data of `hf_tev.training`, read with `importlib.resources`
 (it ships in the wheel). `render_model_card` fills it from plain values, no model needed, and returns a
 `huggingface_hub.ModelCard` whose YAML metadata is a `ModelCardData` (`base_model` only for a Hub id,
-`library_name: hf_tev`, tags, license, datasets, `pipeline_tag`); `trainer_model_card` collects those
-values from an `ExitTrainer`. Uploads go through `huggingface_hub.HfApi` (`hub_api`, `upload_folder`).
+`library_name: hf_tev`, tags, license, datasets, `pipeline_tag`, and the decoded tau the trainer measured as
+`model-index` results); `trainer_model_card` collects those values from an `ExitTrainer`, its latest `eval_tau`
+with the budget and temperature it was decoded at included. Uploads go through `huggingface_hub.HfApi`
+(`hub_api`, `upload_folder`).
 """
 
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping, Sequence
 from importlib import resources
 from pathlib import Path
 from string import Template
 from typing import Any
 
-from huggingface_hub import HfApi, ModelCard, ModelCardData
+from huggingface_hub import EvalResult, HfApi, ModelCard, ModelCardData
 from huggingface_hub.utils import HFValidationError, validate_repo_id
 
 from .._version import __version__
@@ -67,10 +70,35 @@ def is_hub_id(name: str | None) -> bool:
 
 
 def card_metadata(
-    target_model_id: str | None, objective: str, license: str = "apache-2.0", datasets: Sequence[str] | None = None
+    target_model_id: str | None,
+    objective: str,
+    license: str = "apache-2.0",
+    datasets: Sequence[str] | None = None,
+    eval_tau: Sequence[Mapping[str, Any]] | None = None,
+    model_name: str | None = None,
 ) -> ModelCardData:
-    """The card's YAML metadata; `base_model` is set only when `target_model_id` is a Hub id."""
+    """The card's YAML metadata; `base_model` is set only when `target_model_id` is a Hub id. Every `eval_tau`
+    record (see `render_model_card`) becomes a `model-index` result: metric type `tau`, with its budget and
+    temperature in the metric's `config` and `args`."""
     tags = list(TAGS) + ([objective] if objective not in TAGS else [])
+    results = [
+        EvalResult(
+            task_type="text-generation",
+            task_name="speculative decoding (tree decoding with TEV)",
+            dataset_type=record.get("dataset") or "custom",
+            dataset_name=record.get("split") or "eval_dataset",
+            metric_type="tau",
+            metric_name=f"mean tau (budget {record['budget']}, T={record['temperature']:g})",
+            metric_value=round(float(record["tau"]), 4),
+            metric_config=f"budget={record['budget']},temperature={record['temperature']:g}",
+            metric_args={
+                key: record[key]
+                for key in ("budget", "temperature", "max_new_tokens", "cycles", "step")
+                if record.get(key) is not None
+            },
+        )
+        for record in eval_tau or ()
+    ]
     return ModelCardData(
         base_model=target_model_id if is_hub_id(target_model_id) else None,
         library_name="hf_tev",
@@ -78,6 +106,8 @@ def card_metadata(
         license=license,
         datasets=list(datasets) if datasets else None,
         pipeline_tag="text-generation",
+        model_name=model_name if results else None,
+        eval_results=results or None,
     )
 
 
@@ -100,6 +130,7 @@ def render_model_card(
     tau_temperature: float | None = None,
     license: str = "apache-2.0",
     datasets: Sequence[str] | None = None,
+    eval_tau: Sequence[Mapping[str, Any]] | None = None,
 ) -> ModelCard:
     """Fill the card template. Only the target, the objective and the drafter's block size and target layers
     are required; everything else is written when given.
@@ -113,6 +144,9 @@ def render_model_card(
         measured_tau: mean tau by setting: `{64: 6.1}` (budget), `{(64, 0.0): 6.1}` (budget, temperature)
             or `{"HumanEval, budget 64, T=0": 6.1}`; `tau_temperature` applies to keys without one.
         license, datasets: metadata (`datasets`: Hub dataset ids of the training prompts).
+        eval_tau: decoded tau measured by the trainer, one dict per evaluation split: `tau`, `budget`,
+            `temperature`, optionally `split`, `dataset` (a Hub id), `max_new_tokens`, `cycles`, `step`. Each
+            is a row of the tau table and a `model-index` result in the metadata.
     """
     knobs = dict(knobs or {})
     hub_target = is_hub_id(target_model_id)
@@ -126,9 +160,10 @@ def render_model_card(
     optimisation = dict(training or {})
     if steps is not None:
         optimisation["optimizer steps"] = steps
+    model_name = repo_id.rstrip("/").split("/")[-1]
     fields = {
-        "card_data": card_metadata(target_model_id, objective, license, datasets).to_yaml(),
-        "model_name": repo_id.rstrip("/").split("/")[-1],
+        "card_data": card_metadata(target_model_id, objective, license, datasets, eval_tau, model_name).to_yaml(),
+        "model_name": model_name,
         "repo_id": repo_id,
         "target": target,
         "target_load": f'AutoModelForCausalLM.from_pretrained("{target_model_id}")'
@@ -152,7 +187,7 @@ def render_model_card(
         else "Not recorded.",
         "training_table": _table(("setting", "value"), list(optimisation.items())) if optimisation else "Not recorded.",
         "data_description": dataset_description.strip() if dataset_description else "Not described by the uploader.",
-        "measured_tau": _tau_table(measured_tau, tau_temperature),
+        "measured_tau": _tau_table(measured_tau, tau_temperature, eval_tau),
         "hf_tev_version": __version__,
     }
     return ModelCard(Template(load_template()).substitute(fields))
@@ -171,7 +206,9 @@ def trainer_model_card(
     """`render_model_card` with the drafter, the target and every knob of an `ExitTrainer`.
 
     `target_model_id` defaults to the target's `name_or_path` (a local folder then stays out of the metadata);
-    `repo_id` to `args.hub_model_id`, then the output folder's name.
+    `repo_id` to `args.hub_model_id`, then the output folder's name. The latest decoded tau of each
+    evaluation split in the trainer's log history (`eval_tau`, see `ExitTrainer`) is added with the budget and
+    temperature it was decoded at (`trainer_eval_tau`).
     """
     args = trainer.args
     drafter = trainer.accelerator.unwrap_model(trainer.model)
@@ -184,7 +221,7 @@ def trainer_model_card(
     training = {
         "learning rate": args.learning_rate,
         "lr schedule / warmup steps": f"{getattr(args.lr_scheduler_type, 'value', args.lr_scheduler_type)} / "
-        f"{args.warmup_steps}",
+        f"{_plain_number(args.warmup_steps)}",
         "weight decay": args.weight_decay,
         "epochs trained": round(trainer.state.epoch or 0.0, 2),  # max_steps overrides num_train_epochs
         "effective batch size (sequences)": args.per_device_train_batch_size
@@ -215,7 +252,34 @@ def trainer_model_card(
         tau_temperature=tau_temperature,
         license=license,
         datasets=datasets,
+        eval_tau=trainer_eval_tau(trainer),
     )
+
+
+_TAU_KEY = re.compile(r"^(eval(?:_.+)?)_tau$")
+
+
+def trainer_eval_tau(trainer) -> list[dict[str, Any]]:
+    """The latest decoded tau of every evaluation split in `trainer.state.log_history` (keys `eval_tau`,
+    `eval_<split>_tau`), with the decoding settings of `trainer.args` (`eval_tau_budget` or `tree_budget`,
+    `eval_tau_temperature`, `eval_tau_max_new_tokens`)."""
+    args = trainer.args
+    latest = {}
+    for entry in trainer.state.log_history:
+        for key, value in entry.items():
+            match = _TAU_KEY.match(key)
+            if match and isinstance(value, (int, float)):
+                prefix = match.group(1)
+                latest[prefix] = {
+                    "split": "eval_dataset" if prefix == "eval" else f"eval_dataset[{prefix[len('eval_') :]!r}]",
+                    "tau": float(value),
+                    "budget": args.tree_budget if args.eval_tau_budget is None else args.eval_tau_budget,
+                    "temperature": float(args.eval_tau_temperature),
+                    "max_new_tokens": args.eval_tau_max_new_tokens,
+                    "cycles": entry.get(f"{prefix}_tau_cycles"),
+                    "step": entry.get("step"),
+                }
+    return list(latest.values())
 
 
 def hub_api(token: str | None = None) -> HfApi:
@@ -245,6 +309,11 @@ def upload_folder(
 
 # ----------------------------------------------------------------------------------------------
 # Pieces of the card text
+
+
+def _plain_number(value):
+    """`40.0` -> `40` (transformers parses `warmup_steps` from the command line as a float)."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
 
 
 def _or_unknown(value) -> str:
@@ -314,12 +383,25 @@ def _loss_details(objective: str, knobs: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _tau_table(measured_tau: Mapping[Any, float] | None, temperature: float | None) -> str:
-    if not measured_tau:
+def _tau_table(
+    measured_tau: Mapping[Any, float] | None,
+    temperature: float | None,
+    eval_tau: Sequence[Mapping[str, Any]] | None = None,
+) -> str:
+    if not measured_tau and not eval_tau:
         return "Not measured for this upload."
     rows = []
-    for setting, tau in measured_tau.items():
+    for setting, tau in (measured_tau or {}).items():
         budget, t = setting if isinstance(setting, tuple) else (setting, temperature)
         label = f"budget {budget}" if isinstance(budget, int) else str(budget)
         rows.append((label, "not given" if t is None else t, f"{float(tau):.3f}"))
+    for record in eval_tau or ():
+        details = [f"{record['max_new_tokens']} new tokens per prompt"] if record.get("max_new_tokens") else []
+        details += [f"{record['cycles']} cycles"] if record.get("cycles") is not None else []
+        details += [f"step {record['step']}"] if record.get("step") is not None else []
+        label = (
+            f"budget {record['budget']}, {record.get('split') or 'eval_dataset'} prompts, tree decoding by the trainer"
+        )
+        label += f" ({', '.join(details)})" if details else ""
+        rows.append((label, record["temperature"], f"{float(record['tau']):.3f}"))
     return _table(("setting", "temperature", "mean tau"), rows)

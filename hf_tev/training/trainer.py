@@ -33,6 +33,11 @@ One training step, per batch of target-generated sequences:
      no position decay unless `ce_decay` / objective "dflash"; tree loss with the target-flow node weights,
      normalised by `tree_normalization`).
 
+Evaluation (`evaluate()`, or `eval_strategy`) reports `eval_loss` and its parts on anchors drawn the same way
+at every evaluation (two evaluations of the same weights give the same numbers) and `eval_tau`: real tree
+decoding (`target.generate(..., assistant_model=drafter, tev_config=TEVConfig(budget=...))`) of the first
+`eval_tau_prompts` prompts of the evaluation rows, greedy unless `eval_tau_temperature` > 0.
+
 Multi-process training uses Trainer's own engines (DDP through accelerate): on GPUs,
 `accelerate launch --num_processes 8 train.py` or `torchrun --nproc_per_node 8 train.py`; every
 process holds its own frozen copy of the target (not wrapped by DDP). On CPU, `torchrun` with
@@ -54,12 +59,13 @@ import torch
 from transformers import PreTrainedModel, Trainer, TrainingArguments
 from transformers.trainer import TRAINING_ARGS_NAME
 
+from ..config import TEVConfig
 from ..exit_loss import OBJECTIVES, TREE_NORMALIZATIONS, edge_probs, exittrain_loss
 from ..modeling_dflash import DFlashDraftModel
 from ..tree import build_tree
 from . import hub
 from .batch import block_attention_mask, block_labels, sample_anchors, tree_batch_inputs
-from .data import CONTEXT_FEATURES, ExitDataCollator, _pad_token_id, check_dataset
+from .data import CONTEXT_FEATURES, ExitDataCollator, _encode_prompt, _pad_token_id, check_rows, row_tensors
 from .features import CachedFeatureDataset
 
 # Which anchors get a tree: those whose whole horizon (block_size - 1 following tokens) is supervised and
@@ -122,6 +128,18 @@ class ExitTrainingArguments(TrainingArguments):
             Overrides the `TrainingArguments` default with the public ExitTrain recipe's value.
         remove_unused_columns (`bool`, *optional*, defaults to `False`):
             Must stay `False`: the drafter's forward does not take the dataset columns, the trainer does.
+        eval_tau_prompts (`int`, *optional*, defaults to `8`):
+            Prompts decoded at every evaluation to report `eval_tau` (the real decoded tau: tree decoding with
+            the frozen target); the first ones of the evaluation rows (their tokens before the first
+            supervised one) or of the trainer's `eval_prompts`. `0` turns the decoding off.
+        eval_tau_budget (`int` or `None`, *optional*, defaults to `None`):
+            Tree budget of that decoding; `None`: `tree_budget`. A fixed number (`"auto"` depends on the
+            machine's timings, so it would not give the same number twice).
+        eval_tau_temperature (`float`, *optional*, defaults to `0.0`):
+            Its temperature: 0 is greedy; above 0, pure temperature sampling (no top-k / top-p), seeded per
+            prompt from `seed` (every evaluation draws the same).
+        eval_tau_max_new_tokens (`int`, *optional*, defaults to `64`):
+            Tokens decoded per prompt (fewer when the target emits EOS).
     """
 
     # The ExitTrain knobs, recorded in the model card.
@@ -138,6 +156,13 @@ class ExitTrainingArguments(TrainingArguments):
         "tree_anchors",
         "tree_context_window",
         "max_length",
+    )
+    # How the decoded tau of an evaluation is measured (recorded in the model card beside the tau).
+    eval_names: ClassVar[tuple[str, ...]] = (
+        "eval_tau_prompts",
+        "eval_tau_budget",
+        "eval_tau_temperature",
+        "eval_tau_max_new_tokens",
     )
 
     objective: str = field(
@@ -205,6 +230,21 @@ class ExitTrainingArguments(TrainingArguments):
         metadata={"help": "Must be False: the trainer, not the drafter's forward, reads the dataset columns."},
     )
 
+    eval_tau_prompts: int = field(
+        default=8,
+        metadata={"help": "Prompts tree-decoded at every evaluation for eval_tau (the real decoded tau); 0: off."},
+    )
+    eval_tau_budget: int | None = field(
+        default=None, metadata={"help": "Tree budget of the eval_tau decoding (None: tree_budget)."}
+    )
+    eval_tau_temperature: float = field(
+        default=0.0,
+        metadata={"help": "Temperature of the eval_tau decoding: 0 greedy; > 0 pure sampling, seeded per prompt."},
+    )
+    eval_tau_max_new_tokens: int = field(
+        default=64, metadata={"help": "Tokens decoded per prompt for eval_tau (fewer at EOS)."}
+    )
+
     def __post_init__(self):
         if self.objective not in OBJECTIVES:
             raise ValueError(f"objective must be one of {OBJECTIVES}, got {self.objective!r}")
@@ -238,6 +278,14 @@ class ExitTrainingArguments(TrainingArguments):
             raise ValueError(f"tree_context_window must be None or an int >= 1, got {self.tree_context_window!r}")
         if self.max_length is not None and self.max_length < 2:
             raise ValueError(f"max_length must be None or >= 2, got {self.max_length}")
+        if not _is_int(self.eval_tau_prompts) or self.eval_tau_prompts < 0:
+            raise ValueError(f"eval_tau_prompts must be an int >= 0, got {self.eval_tau_prompts!r}")
+        if self.eval_tau_budget is not None and (not _is_int(self.eval_tau_budget) or self.eval_tau_budget < 0):
+            raise ValueError(f"eval_tau_budget must be None or an int >= 0, got {self.eval_tau_budget!r}")
+        if not self.eval_tau_temperature >= 0:
+            raise ValueError(f"eval_tau_temperature must be >= 0, got {self.eval_tau_temperature}")
+        if not _is_int(self.eval_tau_max_new_tokens) or self.eval_tau_max_new_tokens < 1:
+            raise ValueError(f"eval_tau_max_new_tokens must be an int >= 1, got {self.eval_tau_max_new_tokens!r}")
         if self.remove_unused_columns:
             raise ValueError(
                 "ExitTrainer needs remove_unused_columns=False: the drafter's forward does not take "
@@ -248,6 +296,47 @@ class ExitTrainingArguments(TrainingArguments):
 
 def _is_int(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+@torch.no_grad()
+def decoded_block_lengths(
+    target,
+    drafter,
+    prompts: Sequence[Sequence[int]],
+    budget: int,
+    temperature: float = 0.0,
+    max_new_tokens: int = 64,
+    seed: int = 0,
+    first_index: int = 0,
+    index_step: int = 1,
+) -> list[int]:
+    """Accepted block lengths (accepted draft tokens + 1, one per cycle) of real tree decoding of each prompt:
+    `target.generate(ids, assistant_model=drafter, tev_config=TEVConfig(budget=budget, seed=...))`.
+
+    Greedy at `temperature` 0; otherwise pure temperature sampling (top-k / top-p off), the draws of prompt
+    `first_index + i * index_step` from a private generator seeded `seed + that index` (the global RNG is
+    untouched, and the same prompts give the same lengths). Their mean is tau.
+    """
+    device = next(target.parameters()).device
+    if temperature == 0:
+        sampling = dict(do_sample=False)
+    else:
+        sampling = dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0)
+    lengths = []
+    for i, prompt in enumerate(prompts):
+        input_ids = torch.tensor([list(prompt)], dtype=torch.long, device=device)
+        output = target.generate(
+            input_ids,
+            attention_mask=torch.ones_like(input_ids),
+            assistant_model=drafter,
+            tev_config=TEVConfig(budget=budget, seed=seed + first_index + i * index_step),
+            max_new_tokens=max_new_tokens,
+            return_dict_in_generate=True,
+            pad_token_id=_pad_token_id(target, None),
+            **sampling,
+        )
+        lengths += output.tev_stats.accepted_lengths
+    return lengths
 
 
 # ----------------------------------------------------------------------------------------------
@@ -269,9 +358,15 @@ class ExitTrainer(Trainer):
             A [`CachedFeatureDataset`] (rows with the target's features from a `FeatureCache`) spares the
             target forward of every step with objective `"dflash"`; the tree objectives still run the target
             (they score the trees against its K/V cache) and ignore the cached features.
-        data_collator (*optional*): defaults to `ExitDataCollator(pad_token_id, args.max_length)`.
-        processing_class (*optional*): a tokenizer saved next to the drafter.
+            Every row is checked before training starts (`check_rows`): a wrong row (no tokens, text, floats or
+            nested lists as `input_ids`, a token id outside the target's vocabulary, a negative `prompt_length`,
+            ...) raises a ValueError naming it; rows with no supervised token to predict are skipped with a
+            counted warning, and if none is left, ValueError. An empty dataset is refused.
+        data_collator (*optional*): defaults to `ExitDataCollator(pad_token_id, args.max_length, vocab_size)`.
+        processing_class (*optional*): a tokenizer saved next to the drafter (and used for string `eval_prompts`).
         callbacks, optimizers, **kwargs: as for [`~transformers.Trainer`].
+        eval_prompts (*optional*): the prompts decoded for `eval_tau` (strings, chat conversations or token-id
+            lists; the first `args.eval_tau_prompts` are used) instead of the prompts of the evaluation rows.
 
     Logged per step (averaged over the logging window and across processes; `eval_`-prefixed in
     `evaluate`): `loss_dflash`, the cross-entropy term (decayed or not, see `ce_decay`); for the tree
@@ -281,6 +376,12 @@ class ExitTrainer(Trainer):
     exact verifier would reach on those trees, not a decoding measurement. Steps where no tree was built
     (no anchor with a full horizon) leave both tree metrics out of the averages; a logging window without
     any tree does not log them.
+
+    Evaluation: `eval_loss`, `eval_loss_dflash` (and the tree metrics) on anchors that are drawn the same at every
+    evaluation, and `eval_tau`, the mean accepted block length (accepted draft tokens + 1) of real tree decoding
+    with the frozen target over the first `eval_tau_prompts` prompts, at `eval_tau_budget` and
+    `eval_tau_temperature` (greedy by default), with `eval_tau_cycles` (the decoding cycles it averages).
+    `total_flos` counts the FLOPs of the steps (an estimate like `Trainer`'s: see `floating_point_ops`).
 
     Multi-process: launch the same script with `accelerate launch` or `torchrun` (DDP on the drafter; every
     process keeps its own target). On CPU pass `use_cpu=True, ddp_backend="gloo"`.
@@ -300,6 +401,7 @@ class ExitTrainer(Trainer):
         processing_class=None,
         callbacks=None,
         optimizers=(None, None),
+        eval_prompts=None,
         **kwargs,
     ):
         if not isinstance(model, DFlashDraftModel):
@@ -320,12 +422,21 @@ class ExitTrainer(Trainer):
                     f"the feature cache {dataset.cache.path} holds target layers "
                     f"{dataset.cache.layer_ids}, the drafter reads {model.config.target_layer_ids}"
                 )
-        check_dataset(train_dataset, "train_dataset")
-        for split, dataset in eval_datasets.items():
-            check_dataset(dataset, "eval_dataset" if split is None else f"eval_dataset[{split!r}]")
+        # Every row is checked before training starts; rows with nothing to train are dropped (counted warning).
+        vocab_size = target_model.get_input_embeddings().weight.shape[0]
+        train_dataset = check_rows(train_dataset, "train_dataset", vocab_size, args.max_length)
+        eval_datasets = {
+            split: check_rows(
+                dataset, "eval_dataset" if split is None else f"eval_dataset[{split!r}]", vocab_size, args.max_length
+            )
+            for split, dataset in eval_datasets.items()
+        }
+        eval_dataset = dict(eval_datasets) if isinstance(eval_dataset, Mapping) else eval_datasets[None]
         if data_collator is None:
             data_collator = ExitDataCollator(
-                pad_token_id=_pad_token_id(target_model, processing_class), max_length=args.max_length
+                pad_token_id=_pad_token_id(target_model, processing_class),
+                max_length=args.max_length,
+                vocab_size=vocab_size,
             )
 
         super().__init__(
@@ -344,8 +455,23 @@ class ExitTrainer(Trainer):
         if getattr(target_model, "hf_device_map", None) is None:  # a device-mapped target stays where it is
             target_model.to(self.args.device)
         self.target_model = target_model
+        self.eval_prompts = (
+            None
+            if eval_prompts is None
+            else [_encode_prompt(prompt, processing_class, False) for prompt in eval_prompts]
+        )
         self._metrics = {"train": defaultdict(list), "eval": defaultdict(list)}
         self._anchor_draw = (None, 0)  # ((mode, global_step), draws at that step) for the anchor seeds
+        self._eval_draws = 0  # evaluation batches since the evaluation began (their anchor seeds)
+        # FLOPs of the steps (floating_point_ops): the parameters that touch each token.
+        lm_head = target_model.get_output_embeddings().weight.numel()
+        self._flop_params = {
+            "drafter": model.num_parameters(),
+            "fc": model.fc.weight.numel(),
+            "lm_head": lm_head,
+            "target_body": target_model.num_parameters(exclude_embeddings=True) - lm_head,
+        }
+        self._step_flos = 0
 
     # -- loss ---------------------------------------------------------------------------------
 
@@ -363,7 +489,8 @@ class ExitTrainer(Trainer):
         with_trees = args.objective != "dflash"
 
         # 1. Context features (and, for the trees, the context K/V) from the frozen target, or from the cache.
-        if not with_trees and inputs.get(CONTEXT_FEATURES) is not None:
+        cached = not with_trees and inputs.get(CONTEXT_FEATURES) is not None
+        if cached:
             features = inputs[CONTEXT_FEATURES]  # [B, T, k*H], cast to the drafter's dtype when used
             width = len(drafter.config.target_layer_ids) * drafter.config.hidden_size
             if features.shape != (*input_ids.shape, width):
@@ -410,6 +537,11 @@ class ExitTrainer(Trainer):
             ce_decay=args.ce_decay,
             tree_normalization=args.tree_normalization,
         )
+        if mode == "train":
+            nodes = [0] * B  # tree rows per sequence; the tree pass pads them to the most
+            for tree, block in zip(trees, tree_blocks, strict=True):
+                nodes[block // A] += tree.num_nodes
+            self._step_flos += self._flos(B, input_ids.shape[1], A, D + 1, cached, B * max(nodes))
         metrics = {"loss_dflash": parts.ce}
         if with_trees:  # NaN when no tree was built: left out of the averages (every process logs the same names)
             missing = parts.ce.new_tensor(math.nan)
@@ -479,12 +611,102 @@ class ExitTrainer(Trainer):
 
     def _anchor_generator(self, mode: str) -> torch.Generator:
         """A generator seeded by (seed, mode, step, draw within the step, process): anchors are reproducible,
-        and a run resumed from a checkpoint draws exactly the anchors of an uninterrupted one."""
+        and a run resumed from a checkpoint draws exactly the anchors of an uninterrupted one. Evaluation
+        anchors are seeded by (seed, batch of the evaluation, process) only: every evaluation draws the same."""
+        if mode == "eval":
+            self._eval_draws += 1
+            text = f"{self.args.seed}/eval/batch{self._eval_draws - 1}/{self.args.process_index}"
+            return torch.Generator().manual_seed(int.from_bytes(hashlib.sha256(text.encode()).digest()[:7], "little"))
         key = (mode, self.state.global_step)
         draws = self._anchor_draw[1] + 1 if self._anchor_draw[0] == key else 0
         self._anchor_draw = (key, draws)
         text = f"{self.args.seed}/{mode}/{self.state.global_step}/{draws}/{self.args.process_index}"
         return torch.Generator().manual_seed(int.from_bytes(hashlib.sha256(text.encode()).digest()[:7], "little"))
+
+    def _flos(self, batch: int, length: int, anchors: int, block: int, cached: bool, tree_rows: int) -> int:
+        """FLOPs of one training step (forward + backward), counted like `Trainer` counts them (6 per parameter
+        and trained token, 2 per parameter and no-grad token): the drafter over its `batch * anchors * block`
+        block rows, its `fc` over the `batch * length` context rows, the target's LM head over the drafted rows
+        (4: forward and the gradient of its input), the target's context forward (unless the features are
+        cached) and its tree pass over `tree_rows` rows."""
+        n = self._flop_params
+        drafted = batch * anchors * block
+        flos = (
+            6 * n["drafter"] * drafted + 6 * n["fc"] * batch * length + 4 * n["lm_head"] * batch * anchors * (block - 1)
+        )
+        if not cached:
+            flos += 2 * n["target_body"] * batch * length
+        flos += 2 * (n["target_body"] + n["lm_head"]) * tree_rows
+        return flos
+
+    def floating_point_ops(self, inputs) -> int:
+        """The FLOPs of the training steps since the last call (see `_flos`); `Trainer` sums them into
+        `state.total_flos`."""
+        flos, self._step_flos = self._step_flos, 0
+        return flos
+
+    # -- evaluation -----------------------------------------------------------------------------
+
+    def evaluation_loop(
+        self, dataloader, description, prediction_loss_only=None, ignore_keys=None, metric_key_prefix="eval"
+    ):
+        """Trainer's loop (the loss and its parts, on the same anchors at every evaluation), then the decoded
+        tau of the evaluation prompts: `{metric_key_prefix}_tau` and `{metric_key_prefix}_tau_cycles`."""
+        self._eval_draws = 0
+        output = super().evaluation_loop(
+            dataloader,
+            description,
+            prediction_loss_only=prediction_loss_only,
+            ignore_keys=ignore_keys,
+            metric_key_prefix=metric_key_prefix,
+        )
+        prompts = self._tau_prompts(getattr(dataloader, "dataset", None))
+        if prompts:
+            tau, cycles = self._decoded_tau(prompts)
+            output.metrics[f"{metric_key_prefix}_tau"] = tau
+            output.metrics[f"{metric_key_prefix}_tau_cycles"] = cycles
+        return output
+
+    def _tau_prompts(self, dataset) -> list[list[int]]:
+        """The first `eval_tau_prompts` prompts: `eval_prompts`, else the evaluation rows' tokens before their
+        first supervised one (at least one token)."""
+        count = self.args.eval_tau_prompts
+        if count == 0:
+            return []
+        if self.eval_prompts is not None:
+            return self.eval_prompts[:count]
+        if isinstance(dataset, CachedFeatureDataset):
+            dataset = dataset.rows  # the rows, without reading their features
+        if dataset is None or not hasattr(dataset, "__len__") or not hasattr(dataset, "__getitem__"):
+            return []
+        prompts = []
+        for index in range(min(count, len(dataset))):
+            ids, mask = row_tensors(dataset[index], where=f"evaluation row {index}")
+            first = int(mask.nonzero()[0]) if mask.any() else len(ids)
+            prompts.append(ids[: max(1, first)].tolist())
+        return prompts
+
+    def _decoded_tau(self, prompts: list[list[int]]) -> tuple[float, int]:
+        """Mean accepted block length of tree decoding over `prompts` (split across processes) and its cycles."""
+        args = self.args
+        drafter = self.accelerator.unwrap_model(self.model)
+        was_training = drafter.training
+        drafter.eval()
+        lengths = decoded_block_lengths(
+            self.target_model,
+            drafter,
+            prompts[args.process_index :: max(args.world_size, 1)],
+            budget=args.tree_budget if args.eval_tau_budget is None else args.eval_tau_budget,
+            temperature=args.eval_tau_temperature,
+            max_new_tokens=args.eval_tau_max_new_tokens,
+            seed=args.seed,
+            first_index=args.process_index,
+            index_step=max(args.world_size, 1),
+        )
+        drafter.train(was_training)
+        totals = torch.tensor([float(sum(lengths)), float(len(lengths))], device=args.device)
+        total, cycles = self.accelerator.gather(totals).view(-1, 2).sum(0).tolist()
+        return total / max(cycles, 1.0), int(cycles)
 
     def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
         """Evaluation = the training loss under no_grad (with its metrics); no logits are gathered."""
