@@ -65,6 +65,7 @@ class DraftTree:
     _lists: TreeLists | None = field(default=None, repr=False, compare=False)
     _parent_rows: torch.LongTensor | None = field(default=None, repr=False, compare=False)
     _path_logprobs: list | None = field(default=None, repr=False, compare=False)
+    _node_info: object | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self):
         # Shapes and dtypes only: checking the values would cost host syncs on accelerators.
@@ -112,6 +113,11 @@ class DraftTree:
         """Host list `[N]`: the drafter's log-probability of every node's whole path root..v (0 for the root),
         non-increasing in index order; set by the tree sources, None for a tree built by hand."""
         return self._path_logprobs
+
+    @property
+    def node_info(self):
+        """Per-node provenance of a merged drafter + context tree (`hf_tev.lookup.NodeInfo`), else None."""
+        return self._node_info
 
     @property
     def lists(self) -> TreeLists:
@@ -287,7 +293,7 @@ def chain_tree(draft_logprobs: torch.Tensor, budget: int, root_token, size_rule=
     if budget < 0:
         raise ValueError(f"budget must be >= 0, got {budget}")
     length = min(budget, draft_logprobs.shape[0])
-    scores = None
+    scores = [0.0] if length == 0 else None  # the root alone; a chain's scores cost a host copy: only with a rule
     if size_rule is not None and length:
         scores = [0.0] + draft_logprobs[:length].amax(-1).double().cumsum(0).tolist()
         length = next((n - 1 for n in range(1, length + 1) if not size_rule(n, scores[n])), length)
