@@ -10,6 +10,11 @@ COMMANDS = {
         "decoding methods side by side: tau, coverage, SR, stage times "
         "(`hf-tev bench report bench.json` re-renders a stored run)",
     ),
+    "train": (
+        "hf_tev.training.cli",
+        "train a DFlash drafter with ExitTrainer: target-written data, eval tau, model card, Hub upload "
+        "(`hf-tev train recipe.yaml` or flags; also `python -m hf_tev.train`)",
+    ),
 }
 
 

@@ -1,4 +1,4 @@
-"""Train the tiny kit's DFlash drafters with hf_tev.ExitTrainer.
+"""Train the tiny kit's DFlash drafters: a thin call of `hf-tev train` (`hf_tev.training.cli`) with the kit's recipe.
 
     # the shared initialisation: a fresh 1-layer drafter, standard DFlash objective
     python examples/tiny_kit/train_drafter.py --objective dflash --out examples/tiny_kit/drafter-dflash \
@@ -20,19 +20,27 @@ recorded prefix / exit drafters (and `ablation/`) were trained by an earlier hf_
 Data: `data/train_generated.jsonl` (rows `{"input_ids", "prompt_length"}`: training-split prompts with
 continuations sampled from the target itself, `generate_data.py`). The saved folder holds the drafter in
 the published DFlash layout, its model card and `trainlog.json` (the logged losses).
+
+The flags below keep their meaning; they become `hf-tev train` flags (`--print-command` shows them), e.g.
+`--anchors 8` is `--anchors_per_sequence 8`, `--tree-weight` is ignored (0) for `--objective dflash`, the
+schedule is cosine with `min(100, max_steps // 10)` warmup steps, batch 8, no weight decay, logs every 20 steps.
+With `--init` and `--target-layers` that widen the drafter, the widened drafter is saved to a temporary folder
+and trained from there.
 """
 
 import argparse
 import json
-import time
+import shlex
+import tempfile
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from hf_tev import DFlashDraftModel, ExitTrainer, ExitTrainingArguments
+from hf_tev import DFlashDraftModel
+from hf_tev.training import cli
 
 KIT = Path(__file__).resolve().parent
+CARD_TARGET = "tiny-code-target (examples/tiny_kit/target)"
 
 
 def widen(drafter, target, target_layers):
@@ -61,7 +69,7 @@ def widen(drafter, target, target_layers):
     return wide
 
 
-def main():
+def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--init", default=None, help="drafter to start from (default: a fresh one)")
     parser.add_argument("--objective", choices=["dflash", "prefix", "exit"], required=True)
@@ -108,74 +116,85 @@ def main():
     parser.add_argument("--block-size", type=int, default=16)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args()
-    torch.set_num_threads(args.threads)
-    torch.manual_seed(args.seed)
+    parser.add_argument("--print-command", action="store_true", help="print the hf-tev train command and stop")
+    return parser.parse_args(argv)
 
-    tokenizer = AutoTokenizer.from_pretrained(KIT / "target")
-    target = AutoModelForCausalLM.from_pretrained(KIT / "target", attn_implementation="sdpa")
-    target_layers = [int(i) for i in args.target_layers.split(",")] if args.target_layers else None
-    if args.init:
-        drafter = DFlashDraftModel.from_pretrained(args.init)
-        if target_layers is not None and target_layers != drafter.config.target_layer_ids:
-            drafter = widen(drafter, target, target_layers)
+
+def train_command(args, drafter: str | None) -> list[str]:
+    """The `hf-tev train` arguments of the kit's recipe (`drafter`: the folder to start from, or None)."""
+    files = args.data.split(",")
+    argv = ["--target", str(KIT / "target"), "--attn_implementation", "sdpa", "--train_data", *files]
+    argv += ["--max_train_rows", str(args.max_rows)] if args.max_rows else []
+    if drafter is not None:
+        argv += ["--drafter", drafter]
     else:
-        drafter = DFlashDraftModel.from_target(
-            target, num_layers=args.num_layers, block_size=args.block_size, target_layer_ids=target_layers
-        )
-    rows = [
-        json.loads(line)
-        for path in args.data.split(",")
-        for line in Path(path).read_text().splitlines()
-        if line.strip()
-    ]
-    rows = rows[: args.max_rows] if args.max_rows else rows
+        argv += ["--num_draft_layers", str(args.num_layers), "--block_size", str(args.block_size)]
+        argv += ["--target_layer_ids", *args.target_layers.split(",")] if args.target_layers else []
+    argv += [
+        "--output_dir", args.out,
+        "--objective", args.objective,
+        "--tree_budget", str(args.tree_budget),
+        "--ce_weight", "1.0",
+        "--tree_weight", str(args.tree_weight if args.objective != "dflash" else 0.0),
+        "--anchors_per_sequence", str(args.anchors),
+        "--gamma", str(args.gamma),
+        "--tree_normalization", args.tree_normalization,
+        "--tree_anchors", args.tree_anchors,
+        "--learning_rate", str(args.learning_rate),
+        "--max_steps", str(args.max_steps),
+        "--per_device_train_batch_size", str(args.batch_size),
+        "--warmup_steps", str(min(100, args.max_steps // 10)),
+        "--lr_scheduler_type", "cosine",
+        "--weight_decay", "0.0",
+        "--logging_steps", "20",
+        "--save_strategy", "no",
+        "--report_to", "none",
+        "--use_cpu",
+        "--dataloader_num_workers", "0",
+        "--seed", str(args.seed),
+        "--disable_tqdm", "true",
+        "--threads", str(args.threads),
+        "--card_target_name", CARD_TARGET,
+        "--dataset_description",
+        "Training-split prompts of the tiny kit's Python corpus with continuations written by the target "
+        "(`examples/tiny_kit/generate_data.py`: sampled at T=1 in `train_generated.jsonl`, greedy in "
+        "`train_generated_greedy.jsonl`), from " + ", ".join(f"`{Path(p).name}`" for p in files) + ".",
+    ]  # fmt: skip
+    if args.ce_decay != "auto":
+        argv += ["--ce_decay", "true" if args.ce_decay == "yes" else "false"]
+    if args.tree_context_window is not None:
+        argv += ["--tree_context_window", str(args.tree_context_window)]
+    return argv
 
-    training_args = ExitTrainingArguments(
-        output_dir=str(Path(args.out) / "checkpoints"),
-        objective=args.objective,
-        tree_budget=args.tree_budget,
-        ce_weight=1.0,
-        tree_weight=args.tree_weight if args.objective != "dflash" else 0.0,
-        anchors_per_sequence=args.anchors,
-        ce_decay={"auto": None, "yes": True, "no": False}[args.ce_decay],
-        gamma=args.gamma,
-        tree_normalization=args.tree_normalization,
-        tree_anchors=args.tree_anchors,
-        tree_context_window=args.tree_context_window,
-        learning_rate=args.learning_rate,
-        max_steps=args.max_steps,
-        per_device_train_batch_size=args.batch_size,
-        warmup_steps=min(100, args.max_steps // 10),
-        lr_scheduler_type="cosine",
-        weight_decay=0.0,
-        logging_steps=20,
-        save_strategy="no",
-        report_to=[],
-        use_cpu=True,
-        dataloader_num_workers=0,
-        seed=args.seed,
-        disable_tqdm=True,
-    )
-    trainer = ExitTrainer(
-        model=drafter, target_model=target, args=training_args, train_dataset=rows, processing_class=tokenizer
-    )
-    start = time.time()
-    trainer.train()
-    seconds = time.time() - start
-    trainer.save_model(args.out)
+
+def main(argv=None):
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    with tempfile.TemporaryDirectory() as tmp:
+        drafter = args.init
+        target_layers = [int(i) for i in args.target_layers.split(",")] if args.target_layers else None
+        if args.init and target_layers is not None:
+            init = DFlashDraftModel.from_pretrained(args.init)
+            if target_layers != init.config.target_layer_ids:
+                from transformers import AutoModelForCausalLM
+
+                target = AutoModelForCausalLM.from_pretrained(KIT / "target", attn_implementation="sdpa")
+                drafter = str(Path(tmp) / f"{Path(args.init).name}-widened")
+                widen(init, target, target_layers).save_pretrained(drafter)
+        argv = train_command(args, drafter)
+        if args.print_command:
+            print("hf-tev train " + shlex.join(argv))
+            return
+        trainer = cli.run(*cli.parse_args(argv))
     (Path(args.out) / "training_args.bin").unlink(missing_ok=True)  # a pickle: the card and trainlog.json say it all
-    card = trainer.create_model_card(
-        repo_id=str(args.out),  # where the drafter is (the trainer's output_dir is its checkpoints folder)
-        target_model_id="tiny-code-target (examples/tiny_kit/target)",
-        dataset_description=f"{len(rows)} training-split prompts of the tiny kit's Python corpus with continuations "
-        "written by the target (`examples/tiny_kit/generate_data.py`: sampled at T=1 in "
-        "`train_generated.jsonl`, greedy in `train_generated_greedy.jsonl`), from "
-        + ", ".join(f"`{Path(p).name}`" for p in args.data.split(","))
-        + ".",
-    )
-    (Path(args.out) / "README.md").write_text(card)
-    log = {"args": vars(args), "seconds": seconds, "rows": len(rows), "history": trainer.state.log_history}
+    seconds = next(entry["train_runtime"] for entry in reversed(trainer.state.log_history) if "train_runtime" in entry)
+    log = {
+        "args": vars(args),
+        "seconds": seconds,
+        "rows": len(trainer.train_dataset),
+        "history": trainer.state.log_history,
+        "command": "hf-tev train " + shlex.join(argv),
+    }
     (Path(args.out) / "trainlog.json").write_text(json.dumps(log, indent=1))
     print(f"trained {args.max_steps} steps in {seconds:.0f} s -> {args.out}")
 

@@ -1,0 +1,250 @@
+"""`hf-tev train` / `python -m hf_tev.train` end to end on the tiny kit in subprocesses (a YAML config, rows with a
+feature cache, torchrun with 2 CPU processes), its parsing, the offline push that fails before writing anything,
+and the kit's `train_drafter.py` as a thin call of it that keeps the recorded recipe."""
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from huggingface_hub import ModelCard
+from safetensors.torch import load_file
+
+from hf_tev.kit import kit_dir, kit_path
+from hf_tev.modeling_dflash import DFlashDraftModel
+from hf_tev.training import cli
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+KIT = kit_dir()
+PROMPTS = KIT / "prompts" / "train.json"
+ROWS = KIT / "data" / "train_generated.jsonl"
+# A few steps of a tiny drafter: small blocks, trees and decodes.
+SMALL = dict(
+    block_size=4,
+    tree_budget=4,
+    anchors_per_sequence=4,
+    per_device_train_batch_size=2,
+    max_steps=2,
+    eval_tau_prompts=2,
+    eval_tau_max_new_tokens=8,
+    report_to="none",
+    save_strategy="no",
+    disable_tqdm="true",
+    threads=1,
+    seed=0,
+)
+
+
+def small(**changes) -> list[str]:
+    """The SMALL flags with `changes` (None drops a flag), and --use_cpu."""
+    settings = {**SMALL, **changes}
+    return ["--use_cpu"] + [text for k, v in settings.items() if v is not None for text in (f"--{k}", str(v))]
+
+
+def run(command, tmp_path, timeout=300):
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "HF_HOME": str(tmp_path / "hf_home"),
+        "HF_HUB_OFFLINE": "1",
+        "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]),
+    }
+    result = subprocess.run(command, env=env, cwd=REPO_ROOT, capture_output=True, text=True, timeout=timeout)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return result
+
+
+def summary(result) -> dict:
+    line = next(line for line in result.stdout.splitlines() if line.startswith("hf-tev train: saved"))
+    return json.loads(line.split(": ", 2)[-1])
+
+
+def test_hf_tev_train_from_prompts_with_a_yaml_config(tmp_path):
+    out = tmp_path / "drafter"
+    config = tmp_path / "recipe.yaml"
+    config.write_text(
+        f"target: {kit_path('target')}\n"
+        f"prompts: {PROMPTS}\n"
+        "max_prompts: 6\n"
+        "eval_size: 2\n"
+        "max_new_tokens: 12\n"
+        "generation_batch_size: 4\n"
+        "objective: exit\n"
+        "learning_rate: 1e-3\n"  # YAML reads 1e-3 as text: parsed like the flag
+        f"output_dir: {out}\n"
+        "max_steps: 50\n"  # the flag below overrides it
+    )
+    result = run([sys.executable, "-m", "hf_tev", "train", str(config), *small()], tmp_path)
+    report = summary(result)
+    assert report["steps"] == 2 and report["train_rows"] == 4 and report["total_flos"] > 0
+    assert report["eval_tau"] >= 1.0 and report["eval_tau_cycles"] > 0
+
+    # The target wrote the responses into <output_dir>/_data, with their settings.
+    rows = [json.loads(line) for line in (out / "_data" / "train.jsonl").read_text().splitlines()]
+    held_out = [json.loads(line) for line in (out / "_data" / "eval.jsonl").read_text().splitlines()]
+    assert len(rows) == 4 and len(held_out) == 2
+    settings = json.loads((out / "_data" / "train.settings.json").read_text())
+    assert settings["max_new_tokens"] == 12 and settings["metadata"]["prompts"].startswith(str(PROMPTS))
+    assert all(0 < len(row["input_ids"]) - row["prompt_length"] <= 12 for row in rows)
+
+    drafter = DFlashDraftModel.from_pretrained(out)
+    assert drafter.config.block_size == 4 and drafter.config.num_hidden_layers == 1
+    card = ModelCard.load(out / "README.md")
+    assert card.data.base_model is None and card.data.library_name == "hf_tev"  # a local target: text only
+    (result,) = card.data.eval_results
+    assert result.metric_type == "tau" and result.metric_value == pytest.approx(report["eval_tau"], abs=1e-4)
+    assert result.metric_args["budget"] == 4 and result.metric_args["temperature"] == 0.0
+    assert "| `learning_rate` |" not in card.text and "| learning rate | 0.001 |" in card.text
+    assert "4 prompts of" in card.text and "Evaluated on 2 held-out rows" in card.text
+
+
+def test_python_m_hf_tev_train_from_rows_with_a_feature_cache(tmp_path):
+    out, cache = tmp_path / "drafter", tmp_path / "cache"
+    init = kit_path("drafter-dflash")
+    command = [sys.executable, "-m", "hf_tev.train", "--target", str(kit_path("target")), "--drafter", str(init)]
+    command += ["--train_data", str(ROWS), "--max_train_rows", "6", "--eval_size", "2", "--objective", "dflash"]
+    command += ["--feature_cache", str(cache), "--output_dir", str(out), "--learning_rate", "1e-2"]
+    command += small(block_size=None)
+    report = summary(run(command, tmp_path))
+    assert report["steps"] == 2 and report["train_rows"] == 4 and report["eval_tau"] >= 1.0
+    assert len(json.loads((cache / "index.json").read_text())["rows"]) == 6  # train and eval rows
+    before, after = load_file(init / "model.safetensors"), load_file(out / "model.safetensors")
+    assert before.keys() == after.keys() and any(not torch.equal(before[k], after[k]) for k in before)
+    assert "6 target-written rows" not in (out / "README.md").read_text()
+    assert "4 target-written rows from `train_generated.jsonl`" in (out / "README.md").read_text()
+
+
+def test_torchrun_two_processes_generate_once_and_train(tmp_path):
+    out = tmp_path / "drafter"
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+    command += ["-m", "hf_tev.train", "--target", str(kit_path("target")), "--prompts", str(PROMPTS)]
+    command += ["--max_prompts", "4", "--max_new_tokens", "8", "--output_dir", str(out), "--ddp_backend", "gloo"]
+    command += small(per_device_train_batch_size=1)
+    result = run(command, tmp_path)
+    assert summary(result)["steps"] == 2
+    assert result.stdout.count("hf-tev train: saved") == 1  # the main process reports
+    rows = (out / "_data" / "train.jsonl").read_text().splitlines()
+    assert len(rows) == 4  # generated once, by the main process; the other read them
+    DFlashDraftModel.from_pretrained(out)
+
+
+# ---------------------------------------------------------------------------------------------
+# Parsing, the command table, the offline push
+
+
+def test_flags_override_the_config_file_and_mistakes_are_named(tmp_path):
+    config = tmp_path / "recipe.json"
+    config.write_text(json.dumps({"target": "t", "prompts": "p.jsonl", "tree_budget": 8, "target_layer_ids": [1, 3]}))
+    script, args = cli.parse_args([str(config), "--tree_budget", "16", "--output_dir", str(tmp_path)])
+    assert (script.target, script.prompts, script.target_layer_ids, args.tree_budget) == ("t", "p.jsonl", [1, 3], 16)
+    script, args = cli.parse_args(["--config", str(config), "--objective", "prefix", "--output_dir", str(tmp_path)])
+    assert args.objective == "prefix" and args.tree_budget == 8
+    config.write_text(json.dumps({"target": "t", "prompts": "p.jsonl", "tree_budgett": 8}))
+    with pytest.raises(SystemExit):
+        cli.parse_args([str(config)])
+    with pytest.raises(ValueError, match="exactly one of --train_data .* or --prompts"):
+        cli.parse_args(["--target", "t", "--prompts", "p", "--train_data", "r.jsonl"])
+    with pytest.raises(ValueError, match="exactly one of"):
+        cli.parse_args(["--target", "t"])
+    with pytest.raises(ValueError, match="--target_layer_ids builds a fresh drafter"):
+        cli.parse_args(["--target", "t", "--prompts", "p", "--drafter", "d", "--target_layer_ids", "1"])
+
+
+def test_hf_tev_lists_the_train_command(capsys):
+    from hf_tev.__main__ import COMMANDS, main
+
+    assert COMMANDS["train"][0] == "hf_tev.training.cli"
+    main(["--help"])
+    assert "train" in capsys.readouterr().out
+
+
+def test_reading_prompts_and_rows(tmp_path):
+    (tmp_path / "p.jsonl").write_text('{"question": "a?"}\n{"question": "b?"}\n')
+    assert cli.read_prompts(str(tmp_path / "p.jsonl")) == ["a?", "b?"]
+    (tmp_path / "p.txt").write_text("first\n\nsecond\n")
+    assert cli.read_prompts(str(tmp_path / "p.txt"), limit=1) == ["first"]
+    assert cli.read_prompts(str(PROMPTS), limit=2) == [p["prompt"] for p in json.loads(PROMPTS.read_text())[:2]]
+    (tmp_path / "bad.json").write_text('[{"body": "x"}]')
+    with pytest.raises(ValueError, match="entry 0 has no prompt column among prompt, text"):
+        cli.read_prompts(str(tmp_path / "bad.json"))
+    assert len(cli.read_rows([str(ROWS), str(ROWS)], limit=5)) == 5
+
+
+def test_push_offline_fails_before_anything_is_loaded_or_written(tmp_path, monkeypatch):
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    out = tmp_path / "drafter"
+    flags = ["--target", str(kit_path("target")), "--prompts", str(PROMPTS), "--output_dir", str(out)]
+    with pytest.raises(Exception, match="(?i)offline"):
+        cli.main([*flags, "--push_to_hub", "--hub_model_id", "me/drafter", "--use_cpu", "--report_to", "none"])
+    assert not out.exists()
+
+
+# ---------------------------------------------------------------------------------------------
+# The kit's train_drafter.py: a thin call of hf-tev train with the recorded recipe
+
+
+def kit_script():
+    spec = importlib.util.spec_from_file_location("kit_train_drafter", KIT / "train_drafter.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("name", ["drafter-exittrain", "drafter-prefix", "drafter-finetuned", "drafter-dflash-l135"])
+def test_the_kit_recipe_keeps_its_meaning(name, tmp_path):
+    script = kit_script()
+    recorded = json.loads((KIT / name / "trainlog.json").read_text())["args"]
+    args = script.parse_args(["--objective", recorded["objective"], "--out", str(tmp_path), "--max-steps", "1"])
+    vars(args).update(recorded)
+    drafter = recorded["init"]
+    script_args, training = cli.parse_args(script.train_command(args, drafter))
+    assert script_args.drafter == drafter and script_args.train_data == recorded["data"].split(",")
+    assert script_args.card_target_name == script.CARD_TARGET and script_args.target_layer_ids is None
+    assert (training.objective, training.max_steps, training.learning_rate) == (
+        recorded["objective"],
+        recorded["max_steps"],
+        recorded["learning_rate"],
+    )
+    assert (training.per_device_train_batch_size, training.anchors_per_sequence, training.tree_budget) == (
+        recorded["batch_size"],
+        recorded["anchors"],
+        recorded["tree_budget"],
+    )
+    assert training.tree_weight == (0.0 if recorded["objective"] == "dflash" else recorded["tree_weight"])
+    assert (training.ce_weight, training.ce_decay, training.tree_normalization, training.tree_anchors) == (
+        1.0,
+        None,
+        "nodes",
+        "full_horizon",
+    )
+    assert training.warmup_steps == min(100, recorded["max_steps"] // 10) and training.weight_decay == 0.0
+    assert training.lr_scheduler_type == "cosine" and training.logging_steps == 20 and training.seed == 0
+    assert training.use_cpu and training.report_to == [] and training.save_strategy == "no"
+    earlier = script.parse_args(
+        ["--objective", "exit", "--out", "x", "--max-steps", "1", "--ce-decay", "yes"]
+        + ["--tree-normalization", "weight_sum", "--tree-anchors", "all", "--tree-context-window", "64"]
+    )
+    _, training = cli.parse_args(script.train_command(earlier, None))
+    assert (training.ce_decay, training.tree_normalization, training.tree_anchors) == (True, "weight_sum", "all")
+    assert training.tree_context_window == 64
+
+
+def test_the_kit_script_widens_and_trains_through_the_command(tmp_path):
+    out = tmp_path / "drafter"
+    torch.set_num_threads(1)
+    kit_script().main(
+        ["--init", str(kit_path("drafter-dflash")), "--objective", "dflash", "--out", str(out), "--max-steps", "1"]
+        + ["--max-rows", "2", "--batch-size", "2", "--anchors", "4", "--target-layers", "1,3,5"]
+    )
+    trained = DFlashDraftModel.from_pretrained(out)
+    assert trained.config.target_layer_ids == [1, 3, 5]
+    log = json.loads((out / "trainlog.json").read_text())
+    assert log["rows"] == 2 and log["command"].startswith("hf-tev train --target") and log["seconds"] > 0
+    assert not (out / "training_args.bin").exists()
+    assert "tiny-code-target (examples/tiny_kit/target)" in (out / "README.md").read_text()
