@@ -122,13 +122,15 @@ def test_torchrun_two_processes_generate_once_and_train(tmp_path):
     out = tmp_path / "drafter"
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
     command += ["-m", "hf_tev.train", "--target", str(kit_path("target")), "--prompts", str(PROMPTS)]
-    command += ["--max_prompts", "4", "--max_new_tokens", "8", "--output_dir", str(out), "--ddp_backend", "gloo"]
-    command += small(per_device_train_batch_size=1)
+    command += ["--max_prompts", "5", "--eval_size", "1", "--max_new_tokens", "8", "--output_dir", str(out)]
+    command += ["--ddp_backend", "gloo", *small(per_device_train_batch_size=1)]
     result = run(command, tmp_path)
-    assert summary(result)["steps"] == 2
+    report = summary(result)
+    assert report["steps"] == 2 and report["eval_tau_cycles"] > 0  # one eval prompt: one process decodes it
     assert result.stdout.count("hf-tev train: saved") == 1  # the main process reports
     rows = (out / "_data" / "train.jsonl").read_text().splitlines()
     assert len(rows) == 4  # generated once, by the main process; the other read them
+    assert len((out / "_data" / "eval.jsonl").read_text().splitlines()) == 1
     DFlashDraftModel.from_pretrained(out)
 
 
@@ -172,6 +174,11 @@ def test_reading_prompts_and_rows(tmp_path):
     with pytest.raises(ValueError, match="entry 0 has no prompt column among prompt, text"):
         cli.read_prompts(str(tmp_path / "bad.json"))
     assert len(cli.read_rows([str(ROWS), str(ROWS)], limit=5)) == 5
+    pytest.importorskip("datasets")
+    folder = tmp_path / "dataset"  # a `datasets` name or folder, its split and text column
+    folder.mkdir()
+    (folder / "test.jsonl").write_text('{"q": "x?", "a": "y"}\n{"q": "z?", "a": "w"}\n')
+    assert cli.read_prompts(str(folder), split="test", column="q") == ["x?", "z?"]
 
 
 def test_push_offline_fails_before_anything_is_loaded_or_written(tmp_path, monkeypatch):
