@@ -16,9 +16,11 @@ __all__ = [
     "DFlashConfig",
     "DFlashDraftModel",
     "DraftTree",
+    "CachedFeatureDataset",
     "ExitDataCollator",
     "ExitTrainer",
     "ExitTrainingArguments",
+    "FeatureCache",
     "TEVConfig",
     "TEVGenerateOutput",
     "TEVStats",
@@ -51,6 +53,8 @@ _LAZY = {
     "ExitTrainer": "training",
     "ExitTrainingArguments": "training",
     "generate_training_data": "training",
+    "FeatureCache": "training",
+    "CachedFeatureDataset": "training",
 }
 
 

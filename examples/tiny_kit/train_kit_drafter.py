@@ -70,8 +70,13 @@ def deepen(drafter: DFlashDraftModel, target, num_layers: int) -> DFlashDraftMod
     """`drafter` with `num_layers` draft layers computing exactly what it computes: its layers are copied, the
     new ones get zero `o_proj` / `down_proj` weights (their attention and MLP outputs are 0: identity blocks)."""
     config = drafter.config
-    deep = DFlashDraftModel.from_target(target, num_layers=num_layers, block_size=config.block_size,
-                                        mask_token_id=config.mask_token_id, target_layer_ids=config.target_layer_ids)
+    deep = DFlashDraftModel.from_target(
+        target,
+        num_layers=num_layers,
+        block_size=config.block_size,
+        mask_token_id=config.mask_token_id,
+        target_layer_ids=config.target_layer_ids,
+    )
     state = deep.state_dict()
     state.update(drafter.state_dict())  # fc, hidden_norm, norm and layers 0 .. old - 1
     for i in range(config.num_hidden_layers, num_layers):
@@ -152,8 +157,11 @@ def prepare(args, target):
     cache = FeatureCache(args.cache, target, TARGET_LAYERS, dtype=torch.float16)
     started = time.time()
     added = cache.update(rows, batch_size=8, max_batch_tokens=4096)
-    print(f"{len(rows)} rows from {counts}; {added} rows newly cached in {time.time() - started:.0f} s; the cache "
-          f"holds {len(cache)} rows, {cache.num_tokens} tokens", flush=True)
+    print(
+        f"{len(rows)} rows from {counts}; {added} rows newly cached in {time.time() - started:.0f} s; the cache "
+        f"holds {len(cache)} rows, {cache.num_tokens} tokens",
+        flush=True,
+    )
     init = DFlashDraftModel.from_pretrained(args.init).eval()
     torch.manual_seed(args.seed)  # the new layers' weights (a resumed run loads its checkpoint's instead)
     if init.config.target_layer_ids != TARGET_LAYERS:
@@ -166,11 +174,26 @@ def prepare(args, target):
 
 def training_args(args, output_dir, **overrides):
     settings = dict(
-        output_dir=str(output_dir), objective="dflash", ce_weight=1.0, tree_weight=0.0,
-        anchors_per_sequence=args.anchors, learning_rate=args.learning_rate, max_steps=args.max_steps,
-        per_device_train_batch_size=args.batch_size, warmup_steps=args.warmup_steps, lr_scheduler_type="cosine",
-        weight_decay=0.0, logging_steps=10, save_strategy="steps", save_steps=10**9, save_total_limit=2,
-        report_to=[], use_cpu=True, dataloader_num_workers=0, seed=args.seed, disable_tqdm=True,
+        output_dir=str(output_dir),
+        objective="dflash",
+        ce_weight=1.0,
+        tree_weight=0.0,
+        anchors_per_sequence=args.anchors,
+        learning_rate=args.learning_rate,
+        max_steps=args.max_steps,
+        per_device_train_batch_size=args.batch_size,
+        warmup_steps=args.warmup_steps,
+        lr_scheduler_type="cosine",
+        weight_decay=0.0,
+        logging_steps=10,
+        save_strategy="steps",
+        save_steps=10**9,
+        save_total_limit=2,
+        report_to=[],
+        use_cpu=True,
+        dataloader_num_workers=0,
+        seed=args.seed,
+        disable_tqdm=True,
     )
     return ExitTrainingArguments(**(settings | overrides))
 
@@ -182,13 +205,32 @@ def train(args):
     run.mkdir(parents=True, exist_ok=True)
     last = get_last_checkpoint(str(run)) if any(run.glob("checkpoint-*")) else None
     with open(run / "launches.jsonl", "a") as f:
-        f.write(json.dumps({"time": time.strftime("%Y-%m-%d %H:%M:%S"), "resume_from": last, "rows": len(rows),
-                            "files": counts, "cached_tokens": cache.num_tokens, "args": vars(args)}) + "\n")
-    trainer = ExitTrainer(model=drafter.train(), target_model=target, args=training_args(args, run),
-                          train_dataset=CachedFeatureDataset(rows, cache), processing_class=tokenizer,
-                          callbacks=[TimedSaves(args.first_save_steps, args.save_minutes), JsonlLog(run / "trainlog.jsonl")])
-    print(f"{'resuming from ' + last if last else 'starting'}: {args.max_steps} steps, batch {args.batch_size}, "
-          f"{args.anchors} anchors per sequence, lr {args.learning_rate}", flush=True)
+        f.write(
+            json.dumps(
+                {
+                    "time": time.strftime("%Y-%m-%d %H:%M:%S"),
+                    "resume_from": last,
+                    "rows": len(rows),
+                    "files": counts,
+                    "cached_tokens": cache.num_tokens,
+                    "args": vars(args),
+                }
+            )
+            + "\n"
+        )
+    trainer = ExitTrainer(
+        model=drafter.train(),
+        target_model=target,
+        args=training_args(args, run),
+        train_dataset=CachedFeatureDataset(rows, cache),
+        processing_class=tokenizer,
+        callbacks=[TimedSaves(args.first_save_steps, args.save_minutes), JsonlLog(run / "trainlog.jsonl")],
+    )
+    print(
+        f"{'resuming from ' + last if last else 'starting'}: {args.max_steps} steps, batch {args.batch_size}, "
+        f"{args.anchors} anchors per sequence, lr {args.learning_rate}",
+        flush=True,
+    )
     trainer.train(resume_from_checkpoint=last)
     trainer.save_model(str(run / "final"))
     print(f"done: {run / 'final'}", flush=True)
@@ -203,17 +245,35 @@ def bench(args):
         with tempfile.TemporaryDirectory() as out:
             torch.manual_seed(args.seed)
             model = deepen(DFlashDraftModel.from_pretrained(args.init), target, args.num_layers).train()
-            trainer = ExitTrainer(model=model, target_model=target, train_dataset=dataset, callbacks=[times],
-                                  args=training_args(args, out, max_steps=args.steps + 1, save_strategy="no",
-                                                     logging_steps=args.steps + 1))
+            trainer = ExitTrainer(
+                model=model,
+                target_model=target,
+                train_dataset=dataset,
+                callbacks=[times],
+                args=training_args(
+                    args, out, max_steps=args.steps + 1, save_strategy="no", logging_steps=args.steps + 1
+                ),
+            )
             trainer.train()
         steps = times.times[1:]  # the first step warms up
-        results[name] = {"seconds_per_step_mean": statistics.mean(steps), "seconds_per_step_median":
-                         statistics.median(steps), "steps": len(steps)}
-        print(f"{name}: {statistics.mean(steps):.2f} s/step (median {statistics.median(steps):.2f}) over "
-              f"{len(steps)} steps", flush=True)
-    record = {"batch_size": args.batch_size, "anchors": args.anchors, "num_layers": args.num_layers,
-              "threads": torch.get_num_threads(), "load_average": os.getloadavg(), "results": results}
+        results[name] = {
+            "seconds_per_step_mean": statistics.mean(steps),
+            "seconds_per_step_median": statistics.median(steps),
+            "steps": len(steps),
+        }
+        print(
+            f"{name}: {statistics.mean(steps):.2f} s/step (median {statistics.median(steps):.2f}) over "
+            f"{len(steps)} steps",
+            flush=True,
+        )
+    record = {
+        "batch_size": args.batch_size,
+        "anchors": args.anchors,
+        "num_layers": args.num_layers,
+        "threads": torch.get_num_threads(),
+        "load_average": os.getloadavg(),
+        "results": results,
+    }
     Path(args.run).mkdir(parents=True, exist_ok=True)
     (Path(args.run) / "speed.json").write_text(json.dumps(record, indent=1))
 
@@ -223,27 +283,48 @@ def evaluate(args):
     from hf_tev.kit import load_kit_prompts
 
     tokenizer, target = load_target()
-    prompts = [tokenizer(p, return_tensors="pt").input_ids
-               for name in ("heldout", "humaneval") for p in load_kit_prompts(name, args.prompts)]
+    prompts = [
+        tokenizer(p, return_tensors="pt").input_ids
+        for name in ("heldout", "humaneval")
+        for p in load_kit_prompts(name, args.prompts)
+    ]
     records = {}
     for folder in args.drafters:
         drafter = DFlashDraftModel.from_pretrained(folder).eval()
         for temperature in args.temperatures:
-            sampling = dict(do_sample=True, temperature=temperature, top_k=0) if temperature > 0 else dict(do_sample=False)
+            sampling = (
+                dict(do_sample=True, temperature=temperature, top_k=0) if temperature > 0 else dict(do_sample=False)
+            )
             blocks, coverage = [], []
             for index, input_ids in enumerate(prompts):
                 torch.manual_seed(index)  # every drafter sees the same seeds
-                out = target.generate(input_ids, assistant_model=drafter, max_new_tokens=args.max_new_tokens,
-                                      tev_config=hf_tev.TEVConfig(budget=args.budget), return_dict_in_generate=True,
-                                      **sampling)
+                out = target.generate(
+                    input_ids,
+                    assistant_model=drafter,
+                    max_new_tokens=args.max_new_tokens,
+                    tev_config=hf_tev.TEVConfig(budget=args.budget),
+                    return_dict_in_generate=True,
+                    **sampling,
+                )
                 blocks += out.tev_stats.accepted_lengths
                 coverage += out.tev_stats.coverages
-            record = {"tau": sum(blocks) / len(blocks), "coverage": sum(coverage) / len(coverage), "cycles": len(blocks)}
+            record = {
+                "tau": sum(blocks) / len(blocks),
+                "coverage": sum(coverage) / len(coverage),
+                "cycles": len(blocks),
+            }
             records[f"{folder} T={temperature:g}"] = record
-            print(f"{folder} B={args.budget} T={temperature:g}: tau {record['tau']:.3f} 1+C {record['coverage']:.3f} "
-                  f"({len(blocks)} cycles, {len(prompts)} prompts)", flush=True)
-        summary = {"budget": args.budget, "prompts_per_set": args.prompts, "max_new_tokens": args.max_new_tokens,
-                   "records": {k: v for k, v in records.items() if k.startswith(folder + " ")}}
+            print(
+                f"{folder} B={args.budget} T={temperature:g}: tau {record['tau']:.3f} 1+C {record['coverage']:.3f} "
+                f"({len(blocks)} cycles, {len(prompts)} prompts)",
+                flush=True,
+            )
+        summary = {
+            "budget": args.budget,
+            "prompts_per_set": args.prompts,
+            "max_new_tokens": args.max_new_tokens,
+            "records": {k: v for k, v in records.items() if k.startswith(folder + " ")},
+        }
         if Path(folder, "trainer_state.json").is_file():  # a checkpoint: keep its tau next to it
             Path(folder, "tau.json").write_text(json.dumps(summary, indent=1))
 
