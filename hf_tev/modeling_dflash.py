@@ -17,10 +17,12 @@ Checkpoints load from and save to the published layout (`layers.N...`, `fc.weigh
 `norm.weight`), from safetensors only, strictly.
 """
 
+import json
 import os
 from collections.abc import Callable
 
 import torch
+from huggingface_hub.utils import HFValidationError, validate_repo_id
 from torch import nn
 from transformers import DynamicCache, PreTrainedModel
 from transformers.cache_utils import Cache
@@ -40,7 +42,8 @@ from transformers.utils.deprecation import deprecate_kwarg
 
 from .configuration_dflash import DFlashConfig, default_target_layer_ids
 
-SAFE_WEIGHTS_NAMES = ("model.safetensors", "model.safetensors.index.json")
+SAFE_WEIGHTS_NAME, SAFE_INDEX_NAME = "model.safetensors", "model.safetensors.index.json"
+SAFE_WEIGHTS_NAMES = (SAFE_WEIGHTS_NAME, SAFE_INDEX_NAME)
 PICKLE_WEIGHTS_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 
 
@@ -113,6 +116,7 @@ class DFlashDraftModel(PreTrainedModel):
     _no_split_modules = ["DFlashDecoderLayer"]
     supports_gradient_checkpointing = True
     _supports_sdpa = True
+    _hf_tev_drafter = True  # `generate(assistant_model=<this>)` goes to hf_tev's tree decoder (hf_tev.route)
 
     def __init__(self, config: DFlashConfig):
         super().__init__(config)
@@ -154,11 +158,22 @@ class DFlashDraftModel(PreTrainedModel):
             cache (`Cache`, *optional*): context + block K/V are appended; cropping the block rows is the
                 caller's job.
         Returns:
-            `BaseModelOutputWithPast` with `last_hidden_state` `[B, L, H]` (final-normed block rows), `cache`.
+            `BaseModelOutputWithPast` with `last_hidden_state` `[B, L, H]` (final-normed block rows, in the dtype
+            and on the device of `noise_embeds`), `cache`.
         """
         kwargs.pop("use_cache", None)  # the presence of `cache` decides
         if kwargs:
             raise TypeError(f"DFlashDraftModel.forward got unexpected arguments: {sorted(kwargs)}")
+        # The drafter runs in its own dtype on its own device: inputs (the target's embeddings and features) are
+        # cast at the boundary, and the block rows go back in the dtype and device of `noise_embeds`, where the
+        # target's LM head reads them. All no-ops when drafter and target agree.
+        weight = self.fc.weight
+        out_dtype, out_device = noise_embeds.dtype, noise_embeds.device
+        noise_embeds = noise_embeds.to(device=weight.device, dtype=weight.dtype)
+        context_hidden_states = context_hidden_states.to(device=weight.device, dtype=weight.dtype)
+        position_ids = position_ids.to(weight.device)
+        if attention_mask is not None:
+            attention_mask = attention_mask.to(weight.device)
         block_len = noise_embeds.shape[1]
         context = self.hidden_norm(self.fc(context_hidden_states))  # [B, c, H]
         if position_ids.shape[-1] != context.shape[1] + block_len:
@@ -173,7 +188,8 @@ class DFlashDraftModel(PreTrainedModel):
         hidden_states = noise_embeds
         for layer in self.layers:
             hidden_states = layer(hidden_states, context, position_embeddings, mask, cache)
-        return BaseModelOutputWithPast(last_hidden_state=self.norm(hidden_states), cache=cache)
+        hidden_states = self.norm(hidden_states).to(device=out_device, dtype=out_dtype)
+        return BaseModelOutputWithPast(last_hidden_state=hidden_states, cache=cache)
 
     # ------------------------------------------------------------- tree decoder API
 
@@ -219,7 +235,9 @@ class DFlashDraftModel(PreTrainedModel):
         block_rows = self(noise_embeds, context_hidden_states, position_ids, cache=cache).last_hidden_state
         if cache is not None:
             cache.crop(-block_ids.shape[1])  # a view: only context K/V remain, no copy
-        return target.get_output_embeddings()(block_rows[:, 1 : 1 + (depths if num_depths is None else num_depths)])
+        head = target.get_output_embeddings()
+        rows = block_rows[:, 1 : 1 + (depths if num_depths is None else num_depths)]
+        return head(rows.to(device=head.weight.device, dtype=head.weight.dtype))
 
     def check_target(self, target) -> None:
         """Raise ValueError naming every way this drafter does not fit `target`."""
@@ -275,6 +293,7 @@ class DFlashDraftModel(PreTrainedModel):
         `default_mask_token_id(target.config)`.
         """
         tc = target.config.get_text_config()
+        _check_from_target_arguments(tc, target, num_layers, block_size, mask_token_id, target_layer_ids)
         config = DFlashConfig(
             vocab_size=target.get_output_embeddings().weight.shape[0],
             hidden_size=tc.hidden_size,
@@ -306,10 +325,12 @@ class DFlashDraftModel(PreTrainedModel):
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, *model_args, **kwargs):
         """Load a published-layout DFlash checkpoint (local folder or Hub id), safetensors only, strictly:
-        a missing, unexpected or mis-shaped weight raises ValueError naming it."""
+        a missing local folder, a folder without `config.json`, pickle weights (also behind a safetensors index),
+        a tensor that is not floating point, and a missing, unexpected or mis-shaped weight each raise an error
+        naming it."""
         if kwargs.get("use_safetensors") is False:
             raise ValueError("DFlashDraftModel loads safetensors only (use_safetensors=False is not supported)")
-        _require_safetensors(pretrained_model_name_or_path, kwargs)
+        _check_tensor_dtypes(_safetensors_files(pretrained_model_name_or_path, kwargs))
         want_info = kwargs.pop("output_loading_info", False)
         kwargs.update(use_safetensors=True, ignore_mismatched_sizes=True)  # mismatches are reported below
         model, info = super().from_pretrained(
@@ -373,48 +394,141 @@ def _attention_bias(attention_mask, block_len: int, kv_len: int, dtype) -> torch
     return torch.zeros(visible.shape, dtype=dtype, device=visible.device).masked_fill_(~visible, torch.finfo(dtype).min)
 
 
-def _require_safetensors(path, kwargs) -> None:
-    """Refuse checkpoints without safetensors weights before transformers considers pickle files."""
+def _check_from_target_arguments(text_config, target, num_layers, block_size, mask_token_id, target_layer_ids):
+    """Raise ValueError naming the `from_target` argument that cannot make a drafter for this target."""
+
+    def is_int(value):
+        return isinstance(value, int) and not isinstance(value, bool)
+
+    if not is_int(num_layers) or num_layers < 1:
+        raise ValueError(f"from_target(num_layers={num_layers!r}): a drafter needs an int >= 1 of draft layers")
+    if not is_int(block_size) or block_size < 2:
+        raise ValueError(f"from_target(block_size={block_size!r}): a block is the root and >= 1 mask, an int >= 2")
+    vocab = target.get_input_embeddings().weight.shape[0]
+    if mask_token_id is not None and (not is_int(mask_token_id) or not 0 <= mask_token_id < vocab):
+        raise ValueError(f"from_target(mask_token_id={mask_token_id!r}): must be a token id in [0, {vocab})")
+    if target_layer_ids is not None:
+        layers = text_config.num_hidden_layers
+        ids = list(target_layer_ids) if isinstance(target_layer_ids, (list, tuple)) else None
+        if not ids or not all(is_int(i) and 0 <= i < layers for i in ids):
+            raise ValueError(
+                f"from_target(target_layer_ids={target_layer_ids!r}): must be a non-empty list of the target's "
+                f"layer indices, each in [0, {layers})"
+            )
+
+
+def _safetensors_files(path, kwargs) -> list[str]:
+    """The local paths of a checkpoint's safetensors weight files (downloaded to the cache for a Hub id).
+
+    Refuses, before transformers considers them: a local path that does not exist, a folder without
+    `config.json`, pickle weights, and a safetensors index whose shards are not safetensors files.
+    """
     path = str(path)
     subfolder = kwargs.get("subfolder") or ""
     if os.path.isfile(path):
         if not path.endswith(".safetensors"):
             raise ValueError(f"{path}: DFlashDraftModel loads safetensors weights only, refusing a pickle file")
-        return
+        return [path]
     if os.path.isdir(path):
-        folder = os.path.join(path, subfolder)
-        if any(os.path.isfile(os.path.join(folder, name)) for name in SAFE_WEIGHTS_NAMES):
-            return
-        files = os.listdir(folder) if os.path.isdir(folder) else []
-        pickles = sorted(f for f in files if f.endswith(PICKLE_WEIGHTS_SUFFIXES))
+        folder = os.path.join(path, subfolder) if subfolder else path
+        if not os.path.isdir(folder):
+            raise OSError(f"{path} has no subfolder {subfolder!r}")
+        if not os.path.isfile(os.path.join(folder, "config.json")):
+            raise OSError(
+                f"{folder} has no config.json: not a saved DFlash drafter (save_pretrained writes config.json "
+                "next to model.safetensors)"
+            )
+        if os.path.isfile(os.path.join(folder, SAFE_WEIGHTS_NAME)):
+            return [os.path.join(folder, SAFE_WEIGHTS_NAME)]
+        if os.path.isfile(os.path.join(folder, SAFE_INDEX_NAME)):
+            shards = _index_shards(os.path.join(folder, SAFE_INDEX_NAME), folder)
+            missing = [shard for shard in shards if not os.path.isfile(os.path.join(folder, shard))]
+            if missing:
+                raise OSError(f"{folder}: {SAFE_INDEX_NAME} names shards that are not there: {missing}")
+            return [os.path.join(folder, shard) for shard in shards]
+        pickles = sorted(f for f in os.listdir(folder) if f.endswith(PICKLE_WEIGHTS_SUFFIXES))
         raise ValueError(
             f"{folder} has no model.safetensors; DFlashDraftModel loads safetensors weights only and "
             f"refuses pickle weights{' (found ' + ', '.join(pickles) + ')' if pickles else ''}. "
             "Convert them with safetensors first."
         )
+    if _is_local_path(path):
+        raise OSError(f"{path}: no such folder (and not a Hub repo id of the form 'owner/name')")
     hub_kwargs = {
         k: kwargs[k]
         for k in ("revision", "token", "cache_dir", "local_files_only", "subfolder", "force_download", "proxies")
         if k in kwargs
     }
 
-    def exists(name):
-        return (
-            cached_file(
-                path,
-                name,
-                _raise_exceptions_for_missing_entries=False,
-                _raise_exceptions_for_gated_repo=False,
-                **hub_kwargs,
-            )
-            is not None
+    def fetch(name):
+        return cached_file(
+            path,
+            name,
+            _raise_exceptions_for_missing_entries=False,
+            _raise_exceptions_for_gated_repo=False,
+            **hub_kwargs,
         )
 
-    if any(exists(name) for name in SAFE_WEIGHTS_NAMES):
-        return
-    if not exists("config.json"):
+    if fetch("config.json") is None:
         raise OSError(f"{path}: no DFlash checkpoint found (no config.json locally, in the cache or on the Hub)")
-    raise ValueError(
-        f"{path} has no model.safetensors (or index); DFlashDraftModel loads safetensors weights "
-        "only and refuses pickle weights such as pytorch_model.bin"
-    )
+    single = fetch(SAFE_WEIGHTS_NAME)
+    if single is not None:
+        return [single]
+    index = fetch(SAFE_INDEX_NAME)
+    if index is None:
+        raise ValueError(
+            f"{path} has no model.safetensors (or index); DFlashDraftModel loads safetensors weights "
+            "only and refuses pickle weights such as pytorch_model.bin"
+        )
+    files = []
+    for shard in _index_shards(index, path):
+        local = fetch(shard)
+        if local is None:
+            raise OSError(f"{path}: {SAFE_INDEX_NAME} names a shard that is not there: {shard}")
+        files.append(local)
+    return files
+
+
+def _index_shards(index_file: str, where: str) -> list[str]:
+    """The shard files a safetensors index points at; ValueError when any of them is not a safetensors file."""
+    with open(index_file, encoding="utf-8") as f:
+        weight_map = json.load(f).get("weight_map") or {}
+    shards = sorted(set(weight_map.values()))
+    not_safe = [shard for shard in shards if not shard.endswith(".safetensors")]
+    if not_safe:
+        raise ValueError(
+            f"{where}: {SAFE_INDEX_NAME} points at non-safetensors shards {not_safe}; DFlashDraftModel loads "
+            "safetensors weights only and refuses pickle weights"
+        )
+    if not shards:
+        raise ValueError(f"{where}: {SAFE_INDEX_NAME} has an empty weight_map")
+    return shards
+
+
+def _is_local_path(path: str) -> bool:
+    """Whether `path`, which does not exist, can only have meant a local folder (not a Hub repo id)."""
+    if os.path.isabs(path) or path.startswith((".", "~")):
+        return True
+    try:  # a Hub id is 'name' or 'owner/name'
+        validate_repo_id(path)
+    except HFValidationError:
+        return True
+    return False
+
+
+def _check_tensor_dtypes(files: list[str]) -> None:
+    """Refuse checkpoint tensors that are not floating point (an int tensor would load as garbage or zeros)."""
+    from safetensors import safe_open
+
+    wrong = []
+    for file in files:
+        with safe_open(file, framework="pt") as f:
+            for name in f.keys():  # noqa: SIM118 (safe_open is not iterable)
+                dtype = f.get_slice(name).get_dtype()
+                if not dtype.startswith(("F", "BF")):
+                    wrong.append(f"{name} ({dtype})")
+    if wrong:
+        raise ValueError(
+            f"DFlash drafter checkpoint has tensors that are not floating point: {', '.join(sorted(wrong))}; "
+            "every DFlash weight is a float (F32 / F16 / BF16)"
+        )

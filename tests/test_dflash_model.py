@@ -595,8 +595,9 @@ def test_check_target_names_the_mismatch(tmp_path, checkpoint):
     with pytest.raises(ValueError, match=r"built for 6 target layers, target has 4"):
         drafter.check_target(make_target("qwen3", hidden_size=32, num_layers=4))
     drafter.check_target(make_target("qwen3", hidden_size=32, num_layers=6))  # fits
+    drafter.config.mask_token_id = 500
     with pytest.raises(ValueError, match=r"mask_token_id 500 outside"):
-        DFlashDraftModel.from_target(make_target("qwen3"), mask_token_id=500)
+        drafter.check_target(make_target("qwen3", hidden_size=32, num_layers=6))
 
 
 def test_forward_input_errors(qwen3_target):
@@ -608,3 +609,90 @@ def test_forward_input_errors(qwen3_target):
         drafter(noise, features, torch.arange(7)[None], attention_mask=torch.ones(1, 5))
     with pytest.raises(TypeError, match="unexpected arguments"):
         drafter(noise, features, torch.arange(7)[None], output_router_logits=True)
+
+
+@pytest.mark.parametrize("drafter_dtype", [torch.float32, torch.bfloat16])
+def test_drafter_runs_in_its_own_dtype_and_returns_the_callers(drafter_dtype):
+    """Features and block embeddings are cast at the boundary; the block rows come back in the dtype of
+    `noise_embeds` (the target's LM head reads them), in draft_logits and in transformers' native DFlash path."""
+    target = make_target("qwen3", dtype=torch.bfloat16 if drafter_dtype == torch.float32 else torch.float32)
+    drafter = DFlashDraftModel.from_target(make_target("qwen3"), num_layers=1, block_size=4).to(drafter_dtype)
+    features = full_hidden_features(target, drafter, torch.tensor([[1, 4, 9, 16, 25]]))
+    mask = drafter.config.mask_token_id
+    with torch.no_grad():
+        rows = drafter(
+            target.get_input_embeddings()(torch.tensor([[3, mask, mask, mask]])), features, torch.arange(9)[None]
+        )
+        logits = drafter.draft_logits(target, features, torch.tensor([[3, mask, mask, mask]]), torch.arange(9)[None])
+    assert rows.last_hidden_state.dtype == target.dtype and logits.dtype == target.dtype
+    assert torch.isfinite(logits).all() and drafter.fc.weight.dtype == drafter_dtype
+    prompt = torch.tensor([[1, 5, 9, 13, 7]])
+    out = target.generate(prompt, do_sample=False, max_new_tokens=6, assistant_model=drafter, speculation_type="dflash")
+    assert out.shape == (1, 11)
+
+
+def test_from_target_names_the_argument(qwen3_target):
+    for kwargs, named in [
+        ({"num_layers": 0}, r"from_target\(num_layers=0\)"),
+        ({"num_layers": 1.5}, r"from_target\(num_layers=1\.5\)"),
+        ({"block_size": 1}, r"from_target\(block_size=1\)"),
+        ({"mask_token_id": 500}, r"from_target\(mask_token_id=500\)"),
+        ({"target_layer_ids": []}, r"from_target\(target_layer_ids=\[\]\)"),
+        ({"target_layer_ids": [4]}, r"from_target\(target_layer_ids=\[4\]\)"),
+    ]:
+        with pytest.raises(ValueError, match=named):
+            DFlashDraftModel.from_target(qwen3_target, **kwargs)
+
+
+def _index_to_bin(folder):
+    weights = load_file(folder / "model.safetensors")
+    (folder / "model.safetensors").unlink()
+    torch.save(weights, folder / "pytorch_model-00001-of-00001.bin")
+    index = {"metadata": {}, "weight_map": dict.fromkeys(weights, "pytorch_model-00001-of-00001.bin")}
+    (folder / "model.safetensors.index.json").write_text(json.dumps(index))
+
+
+def _int_fc(folder):
+    weights = load_file(folder / "model.safetensors")
+    weights["fc.weight"] = weights["fc.weight"].to(torch.int32)
+    save_file(weights, str(folder / "model.safetensors"))
+
+
+def _index_missing_shard(folder):
+    weights = load_file(folder / "model.safetensors")
+    (folder / "model.safetensors").unlink()
+    index = {"metadata": {}, "weight_map": dict.fromkeys(weights, "model-00001-of-00002.safetensors")}
+    (folder / "model.safetensors.index.json").write_text(json.dumps(index))
+
+
+@pytest.mark.parametrize(
+    "damage, error, named",
+    [
+        (_index_to_bin, ValueError, r"index\.json points at non-safetensors shards \['pytorch_model-00001"),
+        (_int_fc, ValueError, r"not floating point: fc\.weight \(I32\)"),
+        (lambda folder: (folder / "config.json").unlink(), OSError, r"has no config\.json"),
+        (_index_missing_shard, OSError, r"shards that are not there: \['model-00001-of-00002"),
+        (None, OSError, r"no such folder"),
+    ],
+)
+def test_loading_problems_get_their_own_message(checkpoint, tmp_path, damage, error, named):
+    folder, _ = checkpoint
+    if damage is None:
+        folder = tmp_path / "not" / "there"
+    else:
+        damage(folder)
+    with pytest.raises(error, match=named):
+        DFlashDraftModel.from_pretrained(folder)
+
+
+def test_sharded_safetensors_checkpoint_loads(checkpoint):
+    folder, weights = checkpoint
+    (folder / "model.safetensors").unlink()
+    names = sorted(weights)
+    shards = {"model-00001-of-00002.safetensors": names[::2], "model-00002-of-00002.safetensors": names[1::2]}
+    for shard, keys in shards.items():
+        save_file({k: weights[k] for k in keys}, str(folder / shard), metadata={"format": "pt"})
+    index = {"metadata": {}, "weight_map": {k: shard for shard, keys in shards.items() for k in keys}}
+    (folder / "model.safetensors.index.json").write_text(json.dumps(index))
+    drafter = DFlashDraftModel.from_pretrained(folder)
+    assert torch.equal(drafter.fc.weight, weights["fc.weight"])
