@@ -12,6 +12,11 @@ from dataclasses import dataclass, field
 from .tree import TREE_BUILDERS
 from .verify import SAMPLING_VERIFIERS
 
+# The largest tree a cycle may draft (`budget`, `max_budget`). One cycle holds about N x vocab logits several
+# times over (raw, float32, processed) and an N x (max_length + N) mask for N = budget + 1 nodes; past a few
+# thousand nodes a tree costs far more than it can return (tau is bounded by the drafter's block size).
+MAX_TREE_NODES = 4096
+
 
 @dataclass
 class TEVConfig:
@@ -24,6 +29,9 @@ class TEVConfig:
             a cycle on this machine, down to plain decoding when no tree pays (`hf_tev.budget`, SPEC
             section 8).
         max_budget (`int`, defaults to 128): the largest tree `"auto"` may choose.
+
+            `budget` and `max_budget` are at most `MAX_TREE_NODES` (4096); a call whose largest tree would take
+            more than 1 GiB per cycle warns with the estimate (`tree_memory_bytes`).
         verifier (`str`, defaults to `"tev"`): `"tev"` (Tree Exit Verification), `"predraw"` (DDTree's
             predraw-and-follow) or `"residual"` (sequential residual). All are exact and share one output law;
             at temperature 0 (greedy) all three reduce to the same argmax walk (`VERIFIERS["greedy"]`).
@@ -49,16 +57,27 @@ class TEVConfig:
         self.validate()
 
     def validate(self) -> TEVConfig:
-        """Raise a clear error for any field out of range; return the config."""
+        """Raise a clear error for any field out of range (or an attribute that is no field); return the config."""
+        known = {f.name for f in dataclasses.fields(self)}
+        unknown = sorted(set(vars(self)) - known)
+        if unknown:
+            raise ValueError(f"TEVConfig has no fields {unknown} (set after construction?); fields: {sorted(known)}")
         if isinstance(self.budget, str):
             if self.budget != "auto":
                 raise ValueError(f'TEVConfig.budget must be an int >= 0 or "auto", got {self.budget!r}')
         elif isinstance(self.budget, bool) or not isinstance(self.budget, int):
             raise TypeError(f'TEVConfig.budget must be an int or "auto", got {type(self.budget).__name__}')
-        elif self.budget < 0:
-            raise ValueError(f"TEVConfig.budget must be >= 0 (0 = plain decoding), got {self.budget}")
-        if isinstance(self.max_budget, bool) or not isinstance(self.max_budget, int) or self.max_budget < 1:
-            raise ValueError(f"TEVConfig.max_budget must be an int >= 1, got {self.max_budget!r}")
+        elif not 0 <= self.budget <= MAX_TREE_NODES:
+            raise ValueError(
+                f"TEVConfig.budget must be in [0, {MAX_TREE_NODES}] (0 = plain decoding; a tree of N nodes holds "
+                f"N x vocab logits per cycle), got {self.budget}"
+            )
+        if (
+            isinstance(self.max_budget, bool)
+            or not isinstance(self.max_budget, int)
+            or not 1 <= self.max_budget <= MAX_TREE_NODES
+        ):
+            raise ValueError(f"TEVConfig.max_budget must be an int in [1, {MAX_TREE_NODES}], got {self.max_budget!r}")
         if self.verifier not in SAMPLING_VERIFIERS:
             raise ValueError(f"TEVConfig.verifier must be one of {list(SAMPLING_VERIFIERS)}, got {self.verifier!r}")
         if self.tree not in TREE_BUILDERS:
@@ -75,6 +94,18 @@ class TEVConfig:
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+    def attach_to(self, generation_config):
+        """Store this config as `generation_config.tev_config`, so that it is saved to and loaded from
+        `generation_config.json` (as a dict of its fields) and used by every `generate` call with a DFlash drafter.
+
+        A plain `generation_config.tev_config = config` works too, on a fresh `GenerationConfig(...)`; a
+        generation config transformers derived from the model config (`_from_model_config=True`, e.g. the
+        `model.generation_config` of a checkpoint without `generation_config.json`) would drop the field when
+        it is loaded again, so this method also clears that flag. Returns `generation_config`.
+        """
+        vars(generation_config).update(tev_config=self.validate(), _from_model_config=False)
+        return generation_config
 
     @property
     def is_auto(self) -> bool:
@@ -101,6 +132,13 @@ class TEVConfig:
                 raise ValueError(f"tev_config has unknown fields {unknown}; TEVConfig fields are {sorted(known)}")
             return cls(**value)
         raise TypeError(f"`tev_config` must be an hf_tev.TEVConfig or a dict of its fields, got {type(value).__name__}")
+
+
+def tree_memory_bytes(nodes: int, vocab_size: int, max_length: int, dtype_bytes: int) -> int:
+    """Estimated bytes one tree cycle of `nodes` nodes (root included) holds at once: the tree pass's logits in
+    the model dtype, their float32 copy, the processed scores and the verifier's normalised rows (float32), and
+    the `[nodes, max_length + nodes]` tree mask."""
+    return nodes * vocab_size * (dtype_bytes + 3 * 4) + nodes * (max_length + nodes) * dtype_bytes
 
 
 @dataclass

@@ -25,29 +25,55 @@ import copy
 import functools
 import math
 import time
+import warnings
 import weakref
 from dataclasses import dataclass
 
 import torch
 from transformers.cache_utils import DynamicCache, DynamicLayer
 from transformers.generation import (
+    EncoderNoRepeatNGramLogitsProcessor,
+    EncoderRepetitionPenaltyLogitsProcessor,
     EosTokenCriteria,
+    EpsilonLogitsWarper,
+    EtaLogitsWarper,
+    ExponentialDecayLengthPenalty,
+    ForcedBOSTokenLogitsProcessor,
+    ForcedEOSTokenLogitsProcessor,
     GenerateDecoderOnlyOutput,
+    InfNanRemoveLogitsProcessor,
+    LogitNormalization,
+    LogitsProcessor,
+    LogitsProcessorList,
     MaxLengthCriteria,
+    MinLengthLogitsProcessor,
+    MinNewTokensLengthLogitsProcessor,
     MinPLogitsWarper,
+    NoBadWordsLogitsProcessor,
+    NoRepeatNGramLogitsProcessor,
+    PrefixConstrainedLogitsProcessor,
+    RepetitionPenaltyLogitsProcessor,
+    SequenceBiasLogitsProcessor,
     StoppingCriteriaList,
     StopStringCriteria,
+    SuppressTokensAtBeginLogitsProcessor,
+    SuppressTokensLogitsProcessor,
     TemperatureLogitsWarper,
+    TopHLogitsWarper,
     TopKLogitsWarper,
     TopPLogitsWarper,
+    TypicalLogitsWarper,
+    WatermarkLogitsProcessor,
 )
 
 from .budget import AcceptanceCalibration, CostAwareBudget, CycleCost
-from .config import TEVConfig, TEVStats
+from .config import TEVConfig, TEVStats, tree_memory_bytes
+from .route import generation_setting
 from .tree import TREE_BUILDERS, DraftTree, TreeInputs, chain_tree
 from .verify import VERIFIERS, target_flow
 
 TREE_ATTENTION = ("sdpa", "eager")  # implementations that take an arbitrary float 4D mask
+TREE_MEMORY_WARNING_BYTES = 1 << 30  # a call whose largest tree takes more per cycle warns with the estimate
 
 
 @dataclass
@@ -125,33 +151,43 @@ class DFlashTreeCandidateGenerator:
 # --------------------------------------------------------------------------------------------------------
 # Stages 0 and 3: target forwards
 # --------------------------------------------------------------------------------------------------------
-def prefill(model, drafter, input_ids, cache, attention_mask=None, position_ids=None):
-    """Stage 0: the prompt's forward into `cache`.
+def prefill(model, drafter, input_ids, cache, attention_mask=None, position_ids=None, chunk_size=None):
+    """Stage 0: the prompt's tokens that `cache` does not hold yet, into `cache`.
+
+    For an empty cache that is the whole prompt; for a pre-filled cache of `past` tokens (a continuation,
+    `generate(out.sequences, cache=out.cache)`) only `input_ids[:, past:]`, and the drafter's context starts
+    there. `chunk_size` splits the forward into chunks of that many tokens (generate's `prefill_chunk_size`).
 
     Returns:
         `(logits, features, positions, pad_columns)`: raw next-token logits `[1, V]` float32, the drafter's
-        context features `[1, n, k * hidden]` and their position ids `[1, n]` (pad rows of a left-padded
-        prompt dropped: the drafter never sees them), and the pad columns the tree mask must keep hidden
-        (`None` without padding).
+        context features `[1, n, k * hidden]` of the new tokens and their position ids `[1, n]` (pad rows of a
+        left-padded prompt dropped: the drafter never sees them), and the pad columns the tree mask must keep
+        hidden (`None` without padding).
     """
-    out = model(
-        input_ids=input_ids,
-        attention_mask=attention_mask,
-        position_ids=position_ids,
-        cache=cache,
-        output_hidden_states=drafter.target_hidden_indices,
-        logits_to_keep=1,
-        use_cache=True,
-    )
-    features = drafter.context_features(out.hidden_states)  # [1, n, k * H]
+    past, length = cache.get_seq_length(), input_ids.shape[1]
     if position_ids is None:
-        position_ids = torch.arange(input_ids.shape[1], device=input_ids.device)[None]
-    pad_columns = None
+        position_ids = torch.arange(length, device=input_ids.device)[None]
+    step = chunk_size or length - past
+    features = []
+    for start in range(past, length, step):
+        end = min(start + step, length)
+        out = model(
+            input_ids=input_ids[:, start:end],
+            attention_mask=None if attention_mask is None else attention_mask[:, :end],
+            position_ids=position_ids[:, start:end],
+            cache=cache,
+            output_hidden_states=drafter.target_hidden_indices,
+            logits_to_keep=1,
+            use_cache=True,
+        )
+        features.append(drafter.context_features(out.hidden_states))  # [1, end - start, k * H]
+    features = features[0] if len(features) == 1 else torch.cat(features, dim=1)
+    positions, pad_columns = position_ids[:, past:], None
     if attention_mask is not None and not bool(attention_mask.all()):
         real = attention_mask[0].bool()
         pad_columns = (~real).nonzero(as_tuple=True)[0]
-        features, position_ids = features[:, real], position_ids[:, real]
-    return out.logits[:, -1].float(), features, position_ids, pad_columns
+        features, positions = features[:, real[past:]], positions[:, real[past:]]
+    return out.logits[:, -1].float(), features, positions, pad_columns
 
 
 def tree_forward(model, tree: DraftTree, cache, mask: torch.Tensor, position_ids: torch.LongTensor, hidden_indices):
@@ -173,9 +209,85 @@ def tree_forward(model, tree: DraftTree, cache, mask: torch.Tensor, position_ids
 # --------------------------------------------------------------------------------------------------------
 # Stage 4: the verifier stage (logits processing per node, decision, cache commit)
 # --------------------------------------------------------------------------------------------------------
-# Processors whose output for a row depends only on that row's scores (not on input_ids or its length):
-# all tree nodes can go through them in one call.
-ROW_WISE_PROCESSORS = (TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper, MinPLogitsWarper)
+# The contract for logits processors: every tree node is one row of a call, with that node's own sequence
+# (committed tokens + its path from the root) as its `input_ids` row; nodes of one depth share a call. So a
+# processor must be a function of (input_ids row, scores row) alone: how many calls are made, and how many rows
+# each has, differ from plain generate. transformers' own processors below are such functions.
+#
+# Processors whose output for a row depends only on that row's scores (not on input_ids or its length): all
+# tree nodes go through them in one call (exact types: a subclass may read input_ids).
+ROW_WISE_PROCESSORS = frozenset(
+    {
+        TemperatureLogitsWarper,
+        TopKLogitsWarper,
+        TopPLogitsWarper,
+        MinPLogitsWarper,
+        TopHLogitsWarper,
+        TypicalLogitsWarper,
+        EpsilonLogitsWarper,
+        EtaLogitsWarper,
+        SuppressTokensLogitsProcessor,
+        InfNanRemoveLogitsProcessor,
+        LogitNormalization,
+    }
+)
+
+
+class PerRowPrefixConstraint(LogitsProcessor):
+    """`prefix_allowed_tokens_fn` for tree nodes: each row is called as row 0 of the user's batch of one
+    (`batch_id=0`) with that node's own sequence, exactly as plain decoding calls it (transformers' processor
+    would number the nodes of a call as batch rows 0..N-1)."""
+
+    def __init__(self, processor: PrefixConstrainedLogitsProcessor):
+        self.processor = processor  # built by generate for num_beams=1
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        if input_ids.shape[0] == 1:
+            return self.processor(input_ids, scores)
+        return torch.cat([self.processor(input_ids[i : i + 1], scores[i : i + 1]) for i in range(input_ids.shape[0])])
+
+
+# Processors whose output for a row depends only on that row's input_ids and scores (no state across calls).
+INPUT_IDS_PURE_PROCESSORS = ROW_WISE_PROCESSORS | {
+    MinLengthLogitsProcessor,
+    MinNewTokensLengthLogitsProcessor,
+    RepetitionPenaltyLogitsProcessor,
+    EncoderRepetitionPenaltyLogitsProcessor,
+    NoRepeatNGramLogitsProcessor,
+    EncoderNoRepeatNGramLogitsProcessor,
+    SequenceBiasLogitsProcessor,
+    NoBadWordsLogitsProcessor,
+    ForcedBOSTokenLogitsProcessor,
+    ForcedEOSTokenLogitsProcessor,
+    ExponentialDecayLengthPenalty,
+    SuppressTokensAtBeginLogitsProcessor,
+    WatermarkLogitsProcessor,
+    PerRowPrefixConstraint,
+}
+_WARNED_PROCESSORS: set = set()  # classes already warned about (once per process, like warnings' default)
+
+
+def processors_for_tree(logits_processor) -> LogitsProcessorList:
+    """generate's processors as the tree decoder calls them: `prefix_allowed_tokens_fn` per node with its batch
+    row, and a one-time warning for every processor class outside transformers' own pure ones (the contract
+    above: a processor that keeps state across calls gives output different from plain generate)."""
+    processors = LogitsProcessorList()
+    for processor in logits_processor:
+        if type(processor) is PrefixConstrainedLogitsProcessor:
+            processor = PerRowPrefixConstraint(processor)
+        kind = type(processor)
+        if kind not in INPUT_IDS_PURE_PROCESSORS and kind not in _WARNED_PROCESSORS:
+            _WARNED_PROCESSORS.add(kind)
+            warnings.warn(
+                f"hf_tev tree decoding calls logits processors once per tree depth per cycle, each row one tree node "
+                f"with that node's own input_ids (committed tokens + its path). {kind.__name__} is not one of "
+                "transformers' row-wise or input_ids-pure processors: if it keeps state across calls (counts "
+                "calls, remembers earlier rows), its output differs from plain generate.",
+                UserWarning,
+                stacklevel=4,
+            )
+        processors.append(processor)
+    return processors
 
 
 def process_tree_logits(logits_processor, committed_ids: torch.Tensor, tree: DraftTree, logits: torch.Tensor):
@@ -193,7 +305,7 @@ def process_tree_logits(logits_processor, committed_ids: torch.Tensor, tree: Dra
     """
     if len(logits_processor) == 0:
         return logits
-    if all(isinstance(p, ROW_WISE_PROCESSORS) for p in logits_processor):
+    if all(type(p) in ROW_WISE_PROCESSORS for p in logits_processor):
         return logits_processor(committed_ids.expand(logits.shape[0], -1), logits)
     # path_tokens[u, d] = token of u's ancestor at depth d (root at depth 0).
     num_nodes = tree.num_nodes
@@ -289,17 +401,22 @@ def probe_tree_costs(
 # --------------------------------------------------------------------------------------------------------
 # Loop helpers: stopping, timing, outputs
 # --------------------------------------------------------------------------------------------------------
-def first_stop(stopping_criteria, sequence: torch.Tensor, start: int, scores) -> int | None:
+def first_stop(stopping_criteria, sequence: torch.Tensor, start: int, scores=None) -> int | None:
     """Index (into `sequence`) of the first token at or after `start` after which generation stops, or None.
 
     Plain `generate` checks the criteria after every appended token; so do we, in closed form for the usual
     max-length / EOS criteria and token by token for any other criterion.
+
+    Args:
+        scores (`list[torch.FloatTensor]`, *optional*): processed scores of every generated token up to the end
+            of `sequence` (kept when `output_scores` is returned). A criterion gets the tuple of those up to the
+            token it checks, or None, as in plain `generate`.
     """
     length = sequence.shape[1]
-    if all(isinstance(c, (MaxLengthCriteria, EosTokenCriteria)) for c in stopping_criteria):
+    if all(type(c) in (MaxLengthCriteria, EosTokenCriteria) for c in stopping_criteria):
         stops = [length]
         for criterion in stopping_criteria:
-            if isinstance(criterion, MaxLengthCriteria):
+            if type(criterion) is MaxLengthCriteria:
                 stops.append(max(start, criterion.max_length - 1))
             else:
                 eos = torch.isin(sequence[0, start:], criterion.eos_token_id.to(sequence.device))
@@ -308,7 +425,8 @@ def first_stop(stopping_criteria, sequence: torch.Tensor, start: int, scores) ->
         stop = min(stops)
         return stop if stop < length else None
     for end in range(start + 1, length + 1):
-        if stopping_criteria(sequence[:, :end], scores).any():
+        seen = None if scores is None else tuple(scores[: len(scores) - (length - end)])
+        if stopping_criteria(sequence[:, :end], seen).any():
             return end - 1
     return None
 
@@ -335,6 +453,7 @@ class _Outputs:
         self.return_dict = generation_config.return_dict_in_generate
         self.scores = [] if self.return_dict and generation_config.output_scores else None
         self.logits = [] if self.return_dict and generation_config.output_logits else None
+        self.use_cache = generation_config.use_cache
         self.streamer = streamer
 
     def add(self, processed: torch.Tensor, raw: torch.Tensor) -> None:
@@ -343,10 +462,6 @@ class _Outputs:
             self.scores.extend(processed.unsqueeze(1).unbind(0))
         if self.logits is not None:
             self.logits.extend(raw.unsqueeze(1).unbind(0))
-
-    @property
-    def last_scores(self):
-        return self.scores[-1] if self.scores else None
 
     def stream(self, tokens: torch.Tensor) -> None:
         if self.streamer is not None:
@@ -362,12 +477,55 @@ class _Outputs:
             sequences=sequence,
             scores=tuple(self.scores[:length]) if self.scores is not None else None,
             logits=tuple(self.logits[:length]) if self.logits is not None else None,
-            cache=cache,
+            cache=cache if self.use_cache else None,  # as plain generate, which keeps no cache without use_cache
             tev_stats=stats,
         )
 
 
-def _check_supported(model, drafter, input_ids, generation_config, tev_config, cache):
+# --------------------------------------------------------------------------------------------------------
+# What a call may ask for: every refusal names the option, and comes before any model call
+# --------------------------------------------------------------------------------------------------------
+def _is_set(value) -> bool:
+    return value is not None
+
+
+# generate options (GenerationConfig fields) tree decoding refuses: (field, refused when, what the option asks for)
+REFUSED_OPTIONS = (
+    ("num_beams", lambda v: v not in (None, 1), "beam search (tree decoding keeps one sequence: num_beams=1)"),
+    ("num_return_sequences", lambda v: v not in (None, 1), "several sequences per prompt (one only)"),
+    ("constraints", _is_set, "constrained beam search"),
+    ("force_words_ids", _is_set, "constrained beam search"),
+    ("penalty_alpha", lambda v: v is not None and v > 0, "contrastive search"),
+    ("dola_layers", _is_set, "DoLa decoding"),
+    ("guidance_scale", lambda v: v not in (None, 1), "classifier-free guidance (an unconditional forward per step)"),
+    ("use_mtp", bool, "multi-token-prediction self-speculation, another speculative method"),
+    ("prompt_lookup_num_tokens", _is_set, "prompt lookup decoding, another speculative method"),
+    ("assistant_early_exit", _is_set, "early-exit self-speculation, another speculative method"),
+    ("speculation_type", _is_set, "transformers' own speculative path (for its DFlash chain path drop `tev_config`)"),
+    ("assistant_ensemble_weight", _is_set, "ensemble verification, which is not lossless (hf_tev's verifiers are)"),
+    ("is_assistant", bool, "the model as another model's assistant"),
+    ("output_attentions", bool, "returned attentions (output_scores / output_logits are returned)"),
+    ("output_hidden_states", bool, "returned hidden states (output_scores / output_logits are returned)"),
+    ("cache_implementation", lambda v: v not in (None, "dynamic"), "a cache other than a full-attention DynamicCache"),
+    (
+        "watermarking_config",
+        lambda v: "synthid" in type(v).__name__.lower() or (isinstance(v, dict) and "ngram_len" in v),
+        "SynthID watermarking, whose processor keeps state across calls",
+    ),
+)
+# generate's own keyword arguments that reach the decoder as model kwargs, and how the decoder uses them
+MODEL_KWARGS = ("attention_mask", "position_ids", "cache", "use_cache", "logits_to_keep")
+
+
+def _refuse(name: str, value, what: str) -> ValueError:
+    shown = repr(value) if isinstance(value, (str, int, float, bool)) else f"<{type(value).__name__}>"
+    return ValueError(f"`{name}={shown}` asks for {what}, which hf_tev's tree decoding does not support.")
+
+
+def _check_supported(model, drafter, input_ids, generation_config, tev_config, model_kwargs):
+    """Raise a clear error, naming the option, for everything the tree decoder cannot do exactly as plain
+    `generate`; warn when the largest tree takes much memory. Reads shapes and settings only (no model call)."""
+    # 1. The drafter.
     if drafter is None:
         raise ValueError("`tev_config` needs `assistant_model=` a DFlash drafter (hf_tev.DFlashDraftModel).")
     if not hasattr(drafter, "draft_logits"):
@@ -375,23 +533,45 @@ def _check_supported(model, drafter, input_ids, generation_config, tev_config, c
             f"`assistant_model` must be a DFlash drafter (hf_tev.DFlashDraftModel), got {type(drafter).__name__}. "
             "Classic assistant models use transformers' assisted generation: drop `tev_config`."
         )
-    drafter.check_target(model)
-    if tev_config.block_size is not None and tev_config.block_size > drafter.config.block_size:
+    if any(p.is_meta for p in drafter.parameters()):
         raise ValueError(
-            f"TEVConfig.block_size={tev_config.block_size} exceeds the drafter's block_size={drafter.config.block_size}"
+            "`assistant_model` (the DFlash drafter) is on the meta device (no weights loaded): load it with "
+            "DFlashDraftModel.from_pretrained(..., device_map=None) or move it with `.to(device)` first."
+        )
+    # 2. generate options that select something else than one greedy or sampled sequence.
+    for name, refused, what in REFUSED_OPTIONS:
+        value = getattr(generation_config, name, None)
+        if refused(value):
+            raise _refuse(name, value, what)
+    # 3. Inputs: text input_ids of one prompt, a left-padding mask, a full-attention DynamicCache.
+    if model_kwargs.get("inputs_embeds") is not None:
+        raise ValueError(
+            "`inputs_embeds` is not supported by hf_tev's tree decoding (the drafter reads the target's features "
+            "of token ids): pass `input_ids`."
+        )
+    unknown = sorted(k for k, v in model_kwargs.items() if v is not None and k not in MODEL_KWARGS)
+    if unknown:
+        raise ValueError(
+            f"hf_tev's tree decoding does not pass {unknown} to the target's forward (it decodes text input_ids "
+            "with attention_mask / position_ids / cache only)."
         )
     if input_ids.shape[0] != 1:
         raise ValueError(f"hf_tev tree decoding supports batch size 1 only, got a batch of {input_ids.shape[0]}.")
-    if generation_config.num_beams != 1 or generation_config.num_return_sequences != 1:
-        raise ValueError("hf_tev tree decoding supports num_beams=1 and num_return_sequences=1 only.")
-    if generation_config.output_attentions or generation_config.output_hidden_states:
-        raise ValueError("hf_tev tree decoding does not return attentions or hidden states; use output_scores/logits.")
-    attn = model.config._attn_implementation
-    if attn not in TREE_ATTENTION:
-        raise ValueError(
-            f"The tree pass needs an attention implementation that takes an arbitrary 4D mask ({TREE_ATTENTION}); "
-            f"this model uses {attn!r}. Call `model.set_attn_implementation('sdpa')` first."
-        )
+    attention_mask = model_kwargs.get("attention_mask")
+    if attention_mask is not None:
+        if not bool(attention_mask.any()):
+            raise ValueError("`attention_mask` masks the whole prompt: there is no token to decode from.")
+        if attention_mask.shape != input_ids.shape:
+            raise ValueError(
+                f"`attention_mask` of shape {tuple(attention_mask.shape)} does not cover `input_ids` of shape "
+                f"{tuple(input_ids.shape)}: hf_tev's tree decoding takes the full sequence and its full mask."
+            )
+        if not bool(attention_mask[0, -1]):
+            raise ValueError(
+                "`attention_mask` masks the prompt's last token (right padding or an empty prompt); "
+                "tree decoding takes a left-padded prompt whose last token is real."
+            )
+    cache = model_kwargs.get("cache")
     if cache is not None:
         if type(cache) is not DynamicCache or any(type(layer) is not DynamicLayer for layer in cache.layers):
             raise ValueError(
@@ -399,8 +579,41 @@ def _check_supported(model, drafter, input_ids, generation_config, tev_config, c
                 f"with layers {sorted({type(layer).__name__ for layer in cache.layers})} "
                 "(sliding-window, static, quantized and linear-attention caches are not supported)."
             )
-        if cache.get_seq_length() > 0:
-            raise ValueError("hf_tev tree decoding starts from an empty cache; do not pass a pre-filled cache.")
+        if getattr(cache, "offloading", False):
+            raise ValueError("hf_tev tree decoding does not support an offloaded cache (`cache_implementation`).")
+        past = cache.get_seq_length()
+        if past >= input_ids.shape[1]:
+            raise ValueError(
+                f"The cache already holds {past} tokens and `input_ids` has {input_ids.shape[1]}: to continue from "
+                "a cache, pass the whole sequence (the cache holds all of it but at least the last token, like "
+                "the cache generate returns)."
+            )
+    # 4. Drafter and target together.
+    drafter.check_target(model)
+    if tev_config.block_size is not None and tev_config.block_size > drafter.config.block_size:
+        raise ValueError(
+            f"TEVConfig.block_size={tev_config.block_size} exceeds the drafter's block_size={drafter.config.block_size}"
+        )
+    attn = model.config._attn_implementation
+    if attn not in TREE_ATTENTION:
+        raise ValueError(
+            f"The tree pass needs an attention implementation that takes an arbitrary 4D mask ({TREE_ATTENTION}); "
+            f"this model uses {attn!r}. Call `model.set_attn_implementation('sdpa')` first."
+        )
+    # 5. Memory of the largest tree.
+    nodes = tev_config.largest_tree + 1
+    if tev_config.tree == "chain":
+        nodes = min(nodes, (tev_config.block_size or drafter.config.block_size))
+    vocab = model.get_output_embeddings().weight.shape[0]
+    estimate = tree_memory_bytes(nodes, vocab, generation_config.max_length, model.dtype.itemsize)
+    if estimate > TREE_MEMORY_WARNING_BYTES:
+        warnings.warn(
+            f"TEVConfig: a tree of {nodes} nodes takes about {estimate / 2**30:.1f} GiB per cycle ({nodes} x "
+            f"{vocab} logits in several copies, and a {nodes} x {generation_config.max_length + nodes} mask); "
+            "lower `budget` (or `max_budget` for budget='auto') if that is too much.",
+            UserWarning,
+            stacklevel=3,
+        )
 
 
 def next_token(scores: torch.Tensor, do_sample: bool, generator=None) -> torch.LongTensor:
@@ -429,17 +642,21 @@ def tree_speculative_decode(
     """The tree decoding loop, with the signature of a transformers `custom_generate` callable.
 
     Args:
-        input_ids (`torch.LongTensor` of shape `(1, prompt_length)`): the prompt.
+        input_ids (`torch.LongTensor` of shape `(1, prompt_length)`): the prompt (with a pre-filled `cache`, the
+            whole sequence; only the tokens the cache does not hold are prefilled).
         drafter (`DFlashDraftModel`): the drafter (`assistant_model=` on the `generate` route).
         tev_config (`TEVConfig` or `dict`, *optional*): defaults to `TEVConfig()`.
-        streamer, tokenizer: as for `generate` (generate itself uses the tokenizer for `stop_strings`).
+        streamer, tokenizer: as for `generate` (the route uses the tokenizer for `stop_strings` and
+            `token_healing`).
     Returns:
         `torch.LongTensor` of shape `(1, total_length)`, or a `TEVGenerateOutput` with
-        `return_dict_in_generate=True`.
+        `return_dict_in_generate=True`, whose `cache` holds every returned token but the last, as plain
+        `generate`'s does.
     """
     tev_config = TEVConfig() if tev_config is None else TEVConfig.coerce(tev_config)
+    _check_supported(model, drafter, input_ids, generation_config, tev_config, model_kwargs)
+    logits_processor = processors_for_tree(logits_processor)
     cache = model_kwargs.get("cache")
-    _check_supported(model, drafter, input_ids, generation_config, tev_config, cache)
     cache = DynamicCache(config=model.config) if cache is None else cache
     device, do_sample = input_ids.device, generation_config.do_sample
     verify = VERIFIERS[tev_config.verifier if do_sample else "greedy"]
@@ -450,7 +667,13 @@ def tree_speculative_decode(
 
     # 0. Prefill: the prompt's cache and context features, and the first token (the first root).
     raw, features, positions, pad_columns = prefill(
-        model, drafter, input_ids, cache, model_kwargs.get("attention_mask"), model_kwargs.get("position_ids")
+        model,
+        drafter,
+        input_ids,
+        cache,
+        model_kwargs.get("attention_mask"),
+        model_kwargs.get("position_ids"),
+        generation_config.prefill_chunk_size,
     )
     candidates.update_candidate_strategy(features, positions)
     next_position = int(positions[0, -1]) + 1
@@ -460,7 +683,7 @@ def tree_speculative_decode(
     outputs.add(processed, raw)
     outputs.stream(root)
     tree_inputs = TreeInputs(generation_config.max_length, model.dtype, device, pad_columns)
-    stop = first_stop(stopping_criteria, sequence, sequence.shape[1] - 1, outputs.last_scores)
+    stop = first_stop(stopping_criteria, sequence, sequence.shape[1] - 1, outputs.scores)
     auto = automatic_budget(model, drafter, tev_config, generation_config) if tev_config.is_auto else None
     if auto is not None and not auto.cost.probed and stop is None:
         auto.cost.set_probe(
@@ -508,7 +731,7 @@ def tree_speculative_decode(
         start = sequence.shape[1]
         sequence = torch.cat([sequence, tree.tokens[path[1:]][None], bonus.view(1, 1)], dim=1)
         outputs.add(processed[path], logits[path])
-        stop = first_stop(stopping_criteria, sequence, start, outputs.last_scores)
+        stop = first_stop(stopping_criteria, sequence, start, outputs.scores)
         if stop is not None:
             sequence = sequence[:, : stop + 1]
         outputs.stream(sequence[0, start:])
@@ -521,6 +744,11 @@ def tree_speculative_decode(
         if auto is not None:
             auto.observe(tree.path_logprobs, path.tolist(), forward_s, build_s + verify_s + rest_s)
 
+    # The cache holds every returned token but the last, as plain generate's: the rows of accepted tokens after
+    # a stop inside the last block go (a continuation from this cache then equals an uninterrupted run).
+    excess = cache.get_seq_length() - (sequence.shape[1] - 1)
+    if excess > 0:
+        cache.crop(-excess)
     stats.coverages = [float(c) for c in coverages]
     if auto is not None:
         stats.budget_model = auto.cost.summary()
@@ -531,11 +759,17 @@ tree_speculative_decode._hf_tev_decode = True  # the route recognises this entry
 
 
 def routed_generate(original, model, *args, **kwargs):
-    """A `generate` call that carries `tev_config=` (with `assistant_model=` the drafter) or
-    `custom_generate=tree_speculative_decode` (with `drafter=`), made transformers' `custom_generate` call of
-    the tree decoder with the drafter, the config and the streamer bound (transformers drops the streamer on
-    the callable route; the tokenizer reaches the decoder and `stop_strings` through its signature)."""
+    """A `generate` call routed to the tree decoder (`hf_tev.route`), made transformers' `custom_generate` call
+    of `tree_speculative_decode` with the drafter, the config and the streamer bound (transformers drops the
+    streamer and the tokenizer on the callable route, so `stop_strings` and `token_healing` are done here).
+
+    The drafter is `assistant_model=` (or `drafter=` with `custom_generate=tree_speculative_decode`); the tree
+    settings are `tev_config=`, else the generation config's `tev_config` (e.g. from `generation_config.json`),
+    else `TEVConfig()`. Options generate would act on before the decoder runs are refused here, by name.
+    """
     tev_config = kwargs.pop("tev_config", None)
+    if tev_config is None:
+        tev_config = generation_setting(model, kwargs, "tev_config")
     custom = kwargs.pop("custom_generate", None)
     if custom is not None and not getattr(custom, "_hf_tev_decode", False):
         raise ValueError("`tev_config` and `custom_generate` cannot be combined.")
@@ -546,30 +780,78 @@ def routed_generate(original, model, *args, **kwargs):
     if drafter is None:
         raise ValueError("`tev_config` needs `assistant_model=` a DFlash drafter (hf_tev.DFlashDraftModel).")
     tev_config = TEVConfig() if tev_config is None else TEVConfig.coerce(tev_config)
-    _stop_strings_as_criteria(model, kwargs)
+    _refuse_before_generate(model, kwargs)
+    args = _heal_tokens(model, args, kwargs)
+    model_stop_strings = _stop_strings_as_criteria(model, kwargs)
     decode = functools.partial(
         tree_speculative_decode, drafter=drafter, tev_config=tev_config, streamer=kwargs.get("streamer")
     )
-    return original(model, *args, custom_generate=decode, **kwargs)
+    try:
+        return original(model, *args, custom_generate=decode, **kwargs)
+    finally:
+        if model_stop_strings is not None:
+            model.generation_config.stop_strings = model_stop_strings
 
 
-def _stop_strings_as_criteria(model, kwargs: dict) -> None:
+# generate arguments acted on before the decoder runs (or dropped on the callable route): (name, refused when, why)
+_REFUSED_ARGUMENTS = (
+    ("speculation_type", _is_set, "transformers' own speculative path (for its DFlash chain path drop `tev_config`)"),
+    ("cache_implementation", lambda v: v not in (None, "dynamic"), "a cache other than a full-attention DynamicCache"),
+    ("synced_gpus", bool, "multi-GPU lockstep decoding (DeepSpeed ZeRO-3 / FSDP)"),
+    ("negative_prompt_ids", _is_set, "classifier-free guidance"),
+    ("negative_prompt_attention_mask", _is_set, "classifier-free guidance"),
+    ("assistant_tokenizer", _is_set, "an assistant with another tokenizer (a DFlash drafter shares the target's)"),
+    ("inputs_embeds", _is_set, "decoding from embeddings (the drafter reads features of token ids)"),
+)
+
+
+def _refuse_before_generate(model, kwargs: dict) -> None:
+    for name, refused, what in _REFUSED_ARGUMENTS:
+        value = generation_setting(model, kwargs, name)
+        if refused(value):
+            raise _refuse(name, value, what)
+
+
+def _heal_tokens(model, args: tuple, kwargs: dict) -> tuple:
+    """`token_healing` done here, as generate would (the callable route loses the tokenizer it needs); returns
+    `args` with the healed prompt, and turns the option off for the call handed on."""
+    if not generation_setting(model, kwargs, "token_healing"):
+        return args
+    tokenizer = kwargs.get("tokenizer")
+    if tokenizer is None:
+        raise ValueError("`token_healing` needs the tokenizer: pass `tokenizer=` to generate.")
+    kwargs["token_healing"] = False
+    if args:
+        return (model.heal_tokens(args[0], tokenizer), *args[1:])
+    key = "inputs" if kwargs.get("inputs") is not None else "input_ids"
+    kwargs[key] = model.heal_tokens(kwargs[key], tokenizer)
+    return args
+
+
+def _stop_strings_as_criteria(model, kwargs: dict):
     """`stop_strings` as a `StopStringCriteria` in `kwargs["stopping_criteria"]`.
 
     On the `custom_generate` callable route transformers drops the tokenizer before it builds the stopping
     criteria ("could not locate a tokenizer"), so the route builds this one criterion itself, exactly as
-    generate would, and takes the strings out of the generation config it hands on."""
-    config = kwargs.get("generation_config") or model.generation_config
-    stop_strings = kwargs.pop("stop_strings", None) or config.stop_strings
+    generate would, and takes the strings out of the generation configs generate reads. generate refills unset
+    fields from the model's generation config, so strings set there are taken out for the call: they are
+    returned, for the caller to put back (None when there were none)."""
+    config = kwargs.get("generation_config")
+    stop_strings = kwargs.pop("stop_strings", None) or generation_setting(model, kwargs, "stop_strings")
     if not stop_strings:
-        return
+        return None
     tokenizer = kwargs.get("tokenizer")
     if tokenizer is None:
         raise ValueError("`stop_strings` need the tokenizer: pass `tokenizer=` to generate.")
-    if config.stop_strings:
+    if config is not None and config.stop_strings:
         config = copy.deepcopy(config)
         config.stop_strings = None
         kwargs["generation_config"] = config
     criteria = StoppingCriteriaList(kwargs.get("stopping_criteria") or [])
     criteria.append(StopStringCriteria(tokenizer=tokenizer, stop_strings=stop_strings))
     kwargs["stopping_criteria"] = criteria
+    model_stop_strings = model.generation_config.stop_strings
+    if model_stop_strings:
+        model.generation_config.stop_strings = None
+        return model_stop_strings
+    return None

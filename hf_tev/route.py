@@ -1,8 +1,10 @@
 """The `generate` route: `model.generate(..., assistant_model=drafter, tev_config=...)` goes to the tree decoder.
 
 `import hf_tev` installs one wrapper around `transformers.GenerationMixin.generate`; a call that carries
-`tev_config=` (or `custom_generate=hf_tev.tree_speculative_decode`) becomes transformers' supported
-`custom_generate` call of `hf_tev.generation.tree_speculative_decode`, every other call passes through untouched.
+`tev_config=` (or `custom_generate=hf_tev.tree_speculative_decode`), or passes a DFlash drafter as
+`assistant_model=` (without `speculation_type="dflash"`, transformers' own chain path), becomes transformers'
+supported `custom_generate` call of `hf_tev.generation.tree_speculative_decode`; every other call passes through
+untouched.
 
 What keeps the route safe:
 - Importing hf_tev does not import transformers. When transformers is not loaded yet, a post-import hook
@@ -30,12 +32,7 @@ _wanted = globals().get("_wanted", False)
 def _make_route(original):
     @functools.wraps(original)
     def generate(self, *args, **kwargs):
-        if not generate._hf_tev_active:
-            return original(self, *args, **kwargs)
-        custom = kwargs.get("custom_generate")
-        if isinstance(custom, str):  # a Hub or folder recipe (ours included) handles its own arguments
-            return original(self, *args, **kwargs)
-        if kwargs.get("tev_config") is None and not getattr(custom, "_hf_tev_decode", False):
+        if not generate._hf_tev_active or not wants_tree_decoding(self, kwargs):
             return original(self, *args, **kwargs)
         from .generation import routed_generate  # the decoder (and transformers) load on first use only
 
@@ -43,6 +40,33 @@ def _make_route(original):
 
     generate._hf_tev_active = True
     return generate
+
+
+def wants_tree_decoding(model, kwargs: dict) -> bool:
+    """Whether a `generate` call goes to the tree decoder: it carries `tev_config=` or
+    `custom_generate=hf_tev.tree_speculative_decode`, or it passes a DFlash drafter as `assistant_model=`
+    (the tree settings then come from the generation config's `tev_config`, else `TEVConfig()`) without
+    `speculation_type="dflash"`, which asks for transformers' own chain path."""
+    custom = kwargs.get("custom_generate")
+    if isinstance(custom, str):  # a Hub or folder recipe (ours included) handles its own arguments
+        return False
+    if kwargs.get("tev_config") is not None or getattr(custom, "_hf_tev_decode", False):
+        return True
+    if custom is not None or not getattr(kwargs.get("assistant_model"), "_hf_tev_drafter", False):
+        return False
+    return generation_setting(model, kwargs, "speculation_type") != "dflash"
+
+
+def generation_setting(model, kwargs: dict, name: str):
+    """The value of generate option `name` for a call, as generate resolves it: the keyword argument, else the
+    passed `generation_config`'s, else the model's `generation_config`'s (None when unset everywhere)."""
+    if kwargs.get(name) is not None:
+        return kwargs[name]
+    for config in (kwargs.get("generation_config"), getattr(model, "generation_config", None)):
+        value = getattr(config, name, None)
+        if value is not None:
+            return value
+    return None
 
 
 def _mixin(load: bool):

@@ -1,6 +1,8 @@
 """End-to-end tree decoding inside `generate`: exactness against the target's own decoding."""
 
+import dataclasses
 import math
+import warnings
 
 import pytest
 import torch
@@ -461,3 +463,305 @@ def test_stats_are_consistent():
     assert all(1 <= c <= 1 + s + 1e-5 for c, s in zip(stats.coverages, stats.tree_sizes, strict=True))
     summary = stats.summary()
     assert summary["cycles"] == stats.num_cycles and math.isfinite(summary["verify_s"])
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The edges of the API: what is returned is never stale, every option works as in plain generate or fails
+# clearly (the whole table of generate's options is walked in tests/test_generate_options.py)
+# ---------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("stop_kind", ["eos", "criterion"])
+def test_cache_after_a_stop_inside_an_accepted_block_and_continuation(stop_kind):
+    target = make_target("qwen3")
+    prompt = torch.tensor([PROMPTS[0]])
+    reference = greedy(target, prompt, max_new_tokens=40)
+    stop_at = prompt.shape[1] + 12  # a token the target first emits there
+    token = reference[0, stop_at].item()
+    assert token not in reference[0, prompt.shape[1] : stop_at].tolist()
+    stop = (
+        {"eos_token_id": token}
+        if stop_kind == "eos"
+        else {"stopping_criteria": StoppingCriteriaList([StopAfterToken(token)])}
+    )
+
+    def interrupted():
+        out = greedy(
+            target,
+            prompt,
+            max_new_tokens=40,
+            assistant_model=with_oracle(make_drafter(target, block_size=16), reference),
+            tev_config=TEVConfig(budget=16),
+            return_dict_in_generate=True,
+            **stop,
+        )
+        assert out.sequences.tolist() == reference[:, : stop_at + 1].tolist()
+        generated = out.sequences.shape[1] - prompt.shape[1]
+        assert 1 + sum(out.tev_stats.accepted_lengths) > generated, "the stop was not inside an accepted block"
+        return out
+
+    out = interrupted()
+    # as plain generate's: every returned token but the last
+    assert out.cache.get_seq_length() == out.sequences.shape[1] - 1
+    plain = greedy(target, out.sequences, cache=out.cache, max_new_tokens=10)
+    assert plain.tolist() == reference[:, : stop_at + 11].tolist()
+    out = interrupted()  # continuing from a pre-filled cache also works on the tree route
+    tree = greedy(
+        target,
+        out.sequences,
+        cache=out.cache,
+        max_new_tokens=10,
+        assistant_model=with_oracle(make_drafter(target), reference),
+        tev_config=TEVConfig(budget=8),
+        return_dict_in_generate=True,
+    )
+    assert tree.sequences.tolist() == reference[:, : stop_at + 11].tolist()
+    assert tree.cache.get_seq_length() == tree.sequences.shape[1] - 1 and max(tree.tev_stats.accepted_lengths) > 2
+
+
+def test_continue_from_a_plain_cache_and_refuse_a_full_one():
+    target = make_target("llama")
+    prompt = torch.tensor([PROMPTS[0]])
+    reference = greedy(target, prompt, max_new_tokens=24)
+    first = greedy(target, prompt, max_new_tokens=6, return_dict_in_generate=True)
+    drafter = with_oracle(make_drafter(target), reference)
+    out = greedy(
+        target, first.sequences, cache=first.cache, max_new_tokens=18, assistant_model=drafter, prefill_chunk_size=1
+    )
+    assert out.tolist() == reference.tolist()
+    full = greedy(target, prompt, max_new_tokens=6, return_dict_in_generate=True).cache
+    full.update(full.layers[0].keys[:, :, -1:], full.layers[0].values[:, :, -1:], 0)  # holds every token
+    for layer in range(1, len(full.layers)):
+        full.update(full.layers[layer].keys[:, :, -1:], full.layers[layer].values[:, :, -1:], layer)
+    with pytest.raises(ValueError, match="cache already holds"):
+        greedy(target, first.sequences, cache=full, max_new_tokens=4, assistant_model=drafter)
+
+
+class CountingProcessor:
+    """A stateful user processor (counts its calls): the contract says its output may differ from plain."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def __call__(self, input_ids, scores):
+        self.calls += 1
+        return scores
+
+
+class PenalizeLastToken(TopKLogitsWarper):
+    """A subclass of a row-wise warper that reads input_ids: it must get each node's own sequence."""
+
+    def __init__(self):
+        super().__init__(top_k=96)
+
+    def __call__(self, input_ids, scores):
+        return scores.scatter(1, input_ids[:, -1:], -100.0)
+
+
+def test_logits_processor_contract_warns_once_and_pure_ones_match_plain():
+    target = make_target("qwen3")
+    prompt = torch.tensor([PROMPTS[0]])
+    drafter = make_drafter(target)
+    counting = CountingProcessor()
+    with pytest.warns(UserWarning, match="own input_ids"):
+        greedy(
+            target, prompt, max_new_tokens=8, logits_processor=LogitsProcessorList([counting]), assistant_model=drafter
+        )
+    assert counting.calls > 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once per class
+        greedy(
+            target, prompt, max_new_tokens=4, logits_processor=LogitsProcessorList([counting]), assistant_model=drafter
+        )
+    # a pure processor (here a subclass of a row-wise warper that reads input_ids) gives plain generate's output
+    processors = LogitsProcessorList([PenalizeLastToken()])
+    expected = greedy(target, prompt, max_new_tokens=20, logits_processor=processors)
+    with pytest.warns(UserWarning, match="PenalizeLastToken"):
+        out = greedy(
+            target,
+            prompt,
+            max_new_tokens=20,
+            logits_processor=processors,
+            assistant_model=with_oracle(make_drafter(target), expected),
+            tev_config=TEVConfig(budget=8),
+            return_dict_in_generate=True,
+        )
+    assert out.sequences.tolist() == expected.tolist() and max(out.tev_stats.accepted_lengths) > 2
+
+
+def test_prefix_allowed_tokens_fn_gets_the_batch_row_and_the_nodes_own_sequence():
+    target = make_target("qwen3")
+    prompt = torch.tensor([PROMPTS[0]])
+    seen = []
+
+    def allowed(batch_id, ids):
+        seen.append(batch_id)
+        return [t for t in range(96) if t % 4 != int(ids[-1]) % 4]
+
+    expected = greedy(target, prompt, max_new_tokens=20, prefix_allowed_tokens_fn=allowed)
+    seen.clear()
+    out = greedy(
+        target,
+        prompt,
+        max_new_tokens=20,
+        prefix_allowed_tokens_fn=allowed,
+        assistant_model=with_oracle(make_drafter(target), expected),
+        tev_config=TEVConfig(budget=8),
+        return_dict_in_generate=True,
+    )
+    assert out.sequences.tolist() == expected.tolist() and max(out.tev_stats.accepted_lengths) > 2
+    assert set(seen) == {0} and len(seen) > out.sequences.shape[1] - prompt.shape[1]  # tree nodes were constrained
+
+
+class RecordScores(StoppingCriteria):
+    def __init__(self):
+        self.seen = []
+
+    def __call__(self, input_ids, scores, **kwargs):
+        self.seen.append(None if scores is None else len(scores))
+        return torch.zeros(input_ids.shape[0], dtype=torch.bool)
+
+
+@pytest.mark.parametrize("output_scores", [False, True])
+def test_stopping_criteria_get_the_scores_plain_generate_passes(output_scores):
+    target = make_target("qwen3")
+    prompt = torch.tensor([PROMPTS[0]])
+    kwargs = dict(max_new_tokens=12, return_dict_in_generate=True, output_scores=output_scores)
+    plain, ours = RecordScores(), RecordScores()
+    expected = greedy(target, prompt, stopping_criteria=StoppingCriteriaList([plain]), **kwargs)
+    greedy(
+        target,
+        prompt,
+        stopping_criteria=StoppingCriteriaList([ours]),
+        assistant_model=with_oracle(make_drafter(target), expected.sequences),
+        **kwargs,
+    )
+    assert ours.seen == plain.seen  # per token: None, or the tuple of every score so far
+
+
+@pytest.mark.parametrize(
+    "field, value, error",
+    [
+        ("budget", -1, ValueError),
+        ("budget", 4097, ValueError),
+        ("budget", 2.5, TypeError),
+        ("budget", "big", ValueError),
+        ("max_budget", 0, ValueError),
+        ("max_budget", 10_000, ValueError),
+        ("verifier", "greedy", ValueError),
+        ("tree", "nope", ValueError),
+        ("block_size", 1, ValueError),
+        ("seed", "7", TypeError),
+        ("budgett", 4, ValueError),  # not a field: a typo would otherwise be ignored
+    ],
+)
+def test_tev_config_fields_are_checked_when_used(field, value, error):
+    target = make_target("qwen3")
+    changed = TEVConfig()
+    setattr(changed, field, value)
+    with pytest.raises(error, match=field):
+        greedy(
+            target,
+            torch.tensor([PROMPTS[0]]),
+            max_new_tokens=4,
+            assistant_model=make_drafter(target),
+            tev_config=changed,
+        )
+    with pytest.raises(error, match=field):
+        TEVConfig(**{field: value}) if field != "budgett" else TEVConfig.coerce({field: value})
+
+
+def test_every_tev_config_field_has_a_bad_value_case():
+    cases = {args[0] for args in test_tev_config_fields_are_checked_when_used.pytestmark[0].args[1]}
+    assert {f.name for f in dataclasses.fields(TEVConfig)} <= cases
+
+
+def test_budget_bound_and_memory_warning(monkeypatch):
+    from hf_tev import config, generation
+
+    assert TEVConfig(budget=config.MAX_TREE_NODES, max_budget=config.MAX_TREE_NODES).largest_tree == 4096
+    # the report's case: budget 10,000 on the kit (vocabulary 4096, fp32) would take about 1 GB per cycle
+    assert config.tree_memory_bytes(10_001, 4096, 10_064, 4) > 2**30 - 2**28
+    target = make_target("qwen3")
+    monkeypatch.setattr(generation, "TREE_MEMORY_WARNING_BYTES", 1000)
+    with pytest.warns(UserWarning, match=r"tree of 9 nodes takes about .* GiB per cycle"):
+        greedy(
+            target,
+            torch.tensor([PROMPTS[0]]),
+            max_new_tokens=4,
+            assistant_model=make_drafter(target),
+            tev_config=TEVConfig(budget=8),
+        )
+
+
+@pytest.mark.parametrize(
+    "target_dtype, drafter_dtype", [(torch.bfloat16, torch.float32), (torch.float32, torch.bfloat16)]
+)
+def test_drafter_and_target_of_different_dtypes(target_dtype, drafter_dtype):
+    target = make_target("qwen3", dtype=target_dtype)
+    drafter = make_drafter(make_target("qwen3")).to(drafter_dtype)
+    prompt = torch.tensor([PROMPTS[0]])
+    expected = greedy(target, prompt, max_new_tokens=16)
+    out = greedy(
+        target,
+        prompt,
+        max_new_tokens=16,
+        assistant_model=with_oracle(drafter, expected),
+        tev_config=TEVConfig(budget=8),
+        return_dict_in_generate=True,
+    )
+    assert out.sequences.tolist() == expected.tolist() and max(out.tev_stats.accepted_lengths) > 2
+    assert next(drafter.parameters()).dtype == drafter_dtype  # the drafter ran in its own dtype
+
+
+@pytest.mark.parametrize(
+    "case, named",
+    [
+        ("guidance_scale", "guidance_scale"),
+        ("inputs_embeds", "inputs_embeds"),
+        ("num_beams", "num_beams"),
+        ("masked_prompt", "attention_mask"),
+        ("meta_drafter", "meta device"),
+    ],
+)
+def test_refusals_name_the_option_before_any_model_call(case, named):
+    target = make_target("qwen3")
+    drafter = make_drafter(target)
+    prompt = torch.tensor([PROMPTS[0]])
+    kwargs = {
+        "guidance_scale": {"guidance_scale": 1.5},
+        "inputs_embeds": {"inputs_embeds": target.get_input_embeddings()(prompt)},
+        "num_beams": {"num_beams": 3},
+        "masked_prompt": {"attention_mask": torch.zeros_like(prompt)},
+        "meta_drafter": {},
+    }[case]
+    if case == "meta_drafter":
+        drafter = drafter.to("meta")
+
+    def called(module, args):
+        raise AssertionError("a model was called before the refusal")
+
+    target.register_forward_pre_hook(called)
+    with pytest.raises(ValueError, match=named):
+        greedy(target, prompt, max_new_tokens=4, assistant_model=drafter, **kwargs)
+
+
+def test_the_full_block_is_drafted_near_max_length():
+    target = make_target("qwen3")
+    drafter = make_drafter(target, block_size=8)
+    rows, depths = [], []
+    forward, draft_logits = drafter.forward, drafter.draft_logits
+
+    def recording_forward(noise_embeds, *args, **kwargs):
+        rows.append(noise_embeds.shape[1])
+        return forward(noise_embeds, *args, **kwargs)
+
+    def recording_draft_logits(*args, **kwargs):
+        logits = draft_logits(*args, **kwargs)
+        depths.append(logits.shape[1])
+        return logits
+
+    drafter.forward, drafter.draft_logits = recording_forward, recording_draft_logits
+    greedy(
+        target, torch.tensor([PROMPTS[0]]), max_new_tokens=4, assistant_model=drafter, tev_config=TEVConfig(budget=16)
+    )
+    assert rows and set(rows) == {8}  # the drafter always sees its whole block
+    assert max(depths) <= 2  # only the depths that can still be emitted are scored

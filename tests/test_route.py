@@ -176,3 +176,92 @@ def test_custom_generate_folder_from_a_local_path(monkeypatch):
     )
     assert out.sequences.tolist() == expected.tolist() and out.tev_stats.num_cycles > 0
     assert streamer.tokens == expected[0].tolist()
+
+
+def test_a_dflash_drafter_alone_goes_to_tree_decoding_and_dflash_speculation_to_transformers():
+    target = make_target("qwen3")
+    drafter = make_drafter(target)
+    expected = target.generate(PROMPT, do_sample=False, max_new_tokens=10)
+    out = target.generate(
+        PROMPT, do_sample=False, max_new_tokens=10, assistant_model=drafter, return_dict_in_generate=True
+    )
+    assert out.sequences.tolist() == expected.tolist() and out.tev_stats.num_cycles > 0  # TEVConfig() defaults
+    native = target.generate(
+        PROMPT,
+        do_sample=False,
+        max_new_tokens=10,
+        assistant_model=drafter,
+        speculation_type="dflash",
+        return_dict_in_generate=True,
+    )
+    assert native.sequences.tolist() == expected.tolist() and not hasattr(native, "tev_stats")
+    with pytest.raises(ValueError, match="speculation_type"):
+        target.generate(PROMPT, max_new_tokens=4, assistant_model=drafter, speculation_type="dflash", tev_config={})
+    assistant = make_target("qwen3", num_layers=1)  # a classic assistant still goes to assisted generation
+    assert target.generate(PROMPT, do_sample=False, max_new_tokens=10, assistant_model=assistant).tolist() == (
+        expected.tolist()
+    )
+
+
+@pytest.mark.parametrize("form", ["object", "dict"])
+def test_tev_config_in_a_generation_config_round_trip(tmp_path, form):
+    from transformers import AutoModelForCausalLM, GenerationConfig
+
+    target = make_target("qwen3")
+    drafter = make_drafter(target)
+    expected = target.generate(PROMPT, do_sample=False, max_new_tokens=12)
+    tev = TEVConfig(budget=3, verifier="predraw") if form == "object" else {"budget": 3, "verifier": "predraw"}
+    fresh = GenerationConfig(do_sample=False, max_new_tokens=12, tev_config=tev)
+    fresh.save_pretrained(tmp_path / "fresh")
+    loaded = GenerationConfig.from_pretrained(tmp_path / "fresh")
+    assert TEVConfig.coerce(loaded.tev_config) == TEVConfig(budget=3, verifier="predraw")
+    out = target.generate(PROMPT, generation_config=loaded, assistant_model=drafter, return_dict_in_generate=True)
+    assert out.sequences.tolist() == expected.tolist() and max(out.tev_stats.tree_sizes) <= 3
+    # the model's own generation config (derived from its config: transformers would drop an unknown field)
+    assert target.generation_config._from_model_config
+    TEVConfig(budget=2).attach_to(target.generation_config)
+    target.save_pretrained(tmp_path / "model")
+    reloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "model", attn_implementation="sdpa")
+    assert reloaded.generation_config.tev_config == TEVConfig(budget=2).to_dict()
+    out = reloaded.generate(
+        PROMPT, do_sample=False, max_new_tokens=12, assistant_model=drafter, return_dict_in_generate=True
+    )
+    assert out.sequences.tolist() == expected.tolist() and max(out.tev_stats.tree_sizes) <= 2
+    # a call's tev_config wins over the generation config's; without a drafter the field is inert
+    out = reloaded.generate(
+        PROMPT,
+        do_sample=False,
+        max_new_tokens=12,
+        assistant_model=drafter,
+        tev_config={"budget": 0},
+        return_dict_in_generate=True,
+    )
+    assert set(out.tev_stats.tree_sizes) == {0}
+    assert reloaded.generate(PROMPT, do_sample=False, max_new_tokens=12).tolist() == expected.tolist()
+
+
+def test_stop_strings_from_the_model_generation_config_and_tokenizer_options_without_one():
+    from hf_tev.kit import load_kit_model, load_kit_tokenizer
+
+    target, tokenizer = load_kit_model("target"), load_kit_tokenizer()
+    drafter = load_kit_model("drafter-dflash-l135")
+    prompt = tokenizer("def fibonacci(n):\n", return_tensors="pt").input_ids
+    text = tokenizer.decode(target.generate(prompt, do_sample=False, max_new_tokens=24)[0, prompt.shape[1] :])
+    stop = [text.strip().split()[1]]
+    target.generation_config.stop_strings = stop  # generate refills unset fields from here
+    plain = target.generate(prompt, do_sample=False, max_new_tokens=24, tokenizer=tokenizer)
+    out = target.generate(
+        prompt,
+        do_sample=False,
+        max_new_tokens=24,
+        tokenizer=tokenizer,
+        assistant_model=drafter,
+        tev_config={"budget": 4},
+    )
+    assert out.tolist() == plain.tolist() and plain.shape[1] < prompt.shape[1] + 24
+    assert target.generation_config.stop_strings == stop  # put back after the call
+    with pytest.raises(ValueError, match="stop_strings"):
+        target.generate(prompt, max_new_tokens=4, assistant_model=drafter)
+    target.generation_config.stop_strings = None
+    with pytest.raises(ValueError, match="token_healing"):
+        target.generate(prompt, max_new_tokens=4, assistant_model=drafter, token_healing=True)
