@@ -513,7 +513,7 @@ REFUSED_OPTIONS = (
         "SynthID watermarking, whose processor keeps state across calls",
     ),
 )
-# generate's own keyword arguments that reach the decoder as model kwargs, and how the decoder uses them
+# the model kwargs the decoder takes (`use_cache` and `logits_to_keep` it chooses itself per forward)
 MODEL_KWARGS = ("attention_mask", "position_ids", "cache", "use_cache", "logits_to_keep")
 
 
@@ -535,8 +535,8 @@ def _check_supported(model, drafter, input_ids, generation_config, tev_config, m
         )
     if any(p.is_meta for p in drafter.parameters()):
         raise ValueError(
-            "`assistant_model` (the DFlash drafter) is on the meta device (no weights loaded): load it with "
-            "DFlashDraftModel.from_pretrained(..., device_map=None) or move it with `.to(device)` first."
+            "`assistant_model` (the DFlash drafter) is on the meta device (no weights loaded): load its weights "
+            "first (DFlashDraftModel.from_pretrained, or from_target for a fresh drafter)."
         )
     # 2. generate options that select something else than one greedy or sampled sequence.
     for name, refused, what in REFUSED_OPTIONS:

@@ -537,6 +537,14 @@ def test_hub_id_loads_from_cache_and_refuses_pickle_only_repo(tmp_path):
     with pytest.raises(OSError, match="no DFlash checkpoint found"):
         DFlashDraftModel.from_pretrained("org/absent", **hub)
 
+    def index_to_bin(folder):
+        write_checkpoint(folder, published_config(), published_weights(2, 2))
+        _index_to_bin(folder)
+
+    cached_repo("binshards", index_to_bin)
+    with pytest.raises(ValueError, match=r"org/binshards: model\.safetensors\.index\.json points at non-safetensors"):
+        DFlashDraftModel.from_pretrained("org/binshards", **hub)
+
 
 def test_refuses_missing_unexpected_and_misshaped_weights(tmp_path):
     weights = published_weights(2, 2)
