@@ -146,10 +146,10 @@ def kit_trees(device, prompts: int, max_new_tokens: int, max_budget: int):
     captured = []
     build = DFlashTreeCandidateGenerator.build
 
-    def capture(self, draft_logprobs, root, size_rule=None):  # the full tree of every cycle, for its nested sizes
+    def capture(self, draft_logprobs, root, *args, **kwargs):  # every cycle's full tree, for its nested sizes
         if draft_logprobs is not None:
             captured.append(self.builder(draft_logprobs, max_budget, root).path_logprobs)
-        return build(self, draft_logprobs, root, size_rule)
+        return build(self, draft_logprobs, root, *args, **kwargs)
 
     DFlashTreeCandidateGenerator.build = capture
     try:
