@@ -212,14 +212,15 @@ class CostAwareBudget:
             return False
         return True
 
-    def size_rule(self):
+    def size_rule(self, drafted: bool = True):
         """A fresh `size_rule(n, path_logprob) -> bool` for the tree builder: add node n while the expected
-        tokens per second A_cal(n) / T(n) still grows."""
-        state = {"length": 1.0, "rate": 1.0 / self.cost.cycle(0)}
+        tokens per second A_cal(n) / T(n) still grows (`drafted=False`: this cycle's candidates cost no
+        drafter call, e.g. context drafts alone)."""
+        state = {"length": 1.0, "rate": 1.0 / self.cost.cycle(0, drafted)}
 
         def add_node(nodes: int, log_q: float) -> bool:
             length = state["length"] + self.calibration(log_q)
-            rate = length / self.cost.cycle(nodes)
+            rate = length / self.cost.cycle(nodes, drafted)
             if nodes > self.limit or rate < state["rate"]:
                 return False
             state["length"], state["rate"] = length, rate
@@ -228,10 +229,13 @@ class CostAwareBudget:
         self._state = state
         return add_node
 
-    def chose(self, nodes: int) -> float:
+    def chose(self, nodes: int, drafted: bool = True) -> float:
         """After the build: the tree has `nodes` drafted nodes. Decides the pause before the next drafted
-        cycle and returns the predicted block length A_cal(nodes)."""
+        cycle (only a cycle that ran the drafter can tell whether the drafter pays) and returns the predicted
+        block length A_cal(nodes)."""
         self.predicted = self._state["length"] if nodes else 1.0
+        if not drafted:
+            return self.predicted
         self.recent = (self.recent + [nodes])[-16:]
         if nodes >= self.limit:
             self.limit = min(self.max_budget, 2 * self.limit)

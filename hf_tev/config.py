@@ -41,6 +41,13 @@ class TEVConfig:
         block_size (`int`, *optional*): drafting block (root + masks), at most the drafter's own block size.
         seed (`int`, *optional*): seeds a private `torch.Generator` for the verifier's draws. `None` uses torch's
             global RNG, like `generate` itself, so `torch.manual_seed` before the call reproduces a run.
+        lookup (`bool`, defaults to False): add context drafts to the tree (SPEC section 9, `hf_tev.lookup`):
+            continuations of earlier occurrences of the text's last n tokens (plus the root), merged with the
+            drafter's candidates in one best-first order. With no `assistant_model` it is tree lookup decoding
+            with no drafter at all.
+        lookup_min_ngram (`int`, defaults to 1), lookup_max_ngram (`int`, defaults to 3): match lengths tried,
+            longest first. lookup_length (`int`, defaults to 10): tokens per continuation. lookup_branches
+            (`int`, defaults to 3): distinct continuations per cycle.
 
     Fields are checked on construction and again when a call uses the config (`validate`), so a field
     changed afterwards cannot slip through.
@@ -52,6 +59,11 @@ class TEVConfig:
     block_size: int | None = None
     seed: int | None = None
     max_budget: int = 128
+    lookup: bool = False
+    lookup_min_ngram: int = 1
+    lookup_max_ngram: int = 3
+    lookup_length: int = 10
+    lookup_branches: int = 3
 
     def __post_init__(self):
         self.validate()
@@ -90,6 +102,22 @@ class TEVConfig:
             )
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
             raise TypeError(f"TEVConfig.seed must be an int or None, got {type(self.seed).__name__}")
+        if not isinstance(self.lookup, bool):
+            raise TypeError(f"TEVConfig.lookup must be a bool, got {type(self.lookup).__name__}")
+        for name in ("lookup_min_ngram", "lookup_max_ngram", "lookup_length", "lookup_branches"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 64:
+                raise ValueError(f"TEVConfig.{name} must be an int in [1, 64], got {value!r}")
+        if self.lookup and self.tree != "best_first":
+            raise ValueError(
+                f'TEVConfig.lookup merges context drafts into the best-first tree: tree must be "best_first", '
+                f"got {self.tree!r}"
+            )
+        if self.lookup_min_ngram > self.lookup_max_ngram:
+            raise ValueError(
+                f"TEVConfig.lookup_min_ngram ({self.lookup_min_ngram}) exceeds "
+                f"lookup_max_ngram ({self.lookup_max_ngram})"
+            )
         return self
 
     def to_dict(self) -> dict:
@@ -163,6 +191,18 @@ class TEVStats:
     # and the cost model at the end of the call (milliseconds).
     predicted_lengths: list[float] = field(default_factory=list)
     budget_model: dict | None = None
+    # accepted drafted nodes by who proposed them ("drafter", "lookup", "both"); every cycle adds one more
+    # token, its bonus ("bonus"): the counts add up to the tokens the cycles emitted.
+    accepted_by_source: dict = field(default_factory=dict)
+
+    def count_sources(self, sources: list[str] | None, path: list[int]) -> None:
+        """Count one cycle's accepted nodes (`path`, root first) by source (`DraftTree.node_info.sources`; None:
+        every node is the drafter's)."""
+        counts = self.accepted_by_source
+        for node in path[1:]:
+            source = "drafter" if sources is None else sources[node]
+            counts[source] = counts.get(source, 0) + 1
+        counts["bonus"] = counts.get("bonus", 0) + 1
 
     def record(self, accepted: int, tree_size: int, draft: float, build: float, forward: float, verify: float):
         """One cycle's block length, drafted nodes and stage times."""

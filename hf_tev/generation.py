@@ -68,6 +68,7 @@ from transformers.generation import (
 
 from .budget import AcceptanceCalibration, CostAwareBudget, CycleCost
 from .config import TEVConfig, TEVStats, tree_memory_bytes
+from .lookup import ContextIndex, LookupStats, build_merged_tree
 from .route import generation_setting
 from .tree import TREE_BUILDERS, DraftTree, TreeInputs, chain_tree
 from .verify import VERIFIERS, target_flow
@@ -87,26 +88,54 @@ class TEVGenerateOutput(GenerateDecoderOnlyOutput):
 # Stages 1, 2 and 5: drafting, the tree counterpart of transformers' `CandidateGenerator`
 # --------------------------------------------------------------------------------------------------------
 class DFlashTreeCandidateGenerator:
-    """Proposes a draft tree per cycle from a DFlash drafter (transformers' `CandidateGenerator`, for trees).
+    """Proposes a draft tree per cycle from a DFlash drafter and/or the context (transformers'
+    `CandidateGenerator`, for trees).
 
-    `update_candidate_strategy` hands it the target features of newly committed tokens; they wait until the
-    next `draft`, which appends them to the drafter's cache of context K/V (so a cycle that drafts nothing
-    loses nothing), drafts the full block `[root, MASK * (L-1)]` and returns the log-probs of the depths a
-    tree can use; `build` turns them into a tree with the configured tree source.
+    `update_candidate_strategy` hands it the newly committed tokens (for the context index, with
+    `TEVConfig(lookup=True)`) and their target features; the features wait until the next `draft`, which
+    appends them to the drafter's cache of context K/V (so a cycle that drafts nothing loses nothing), drafts
+    the full block `[root, MASK * (L-1)]` and returns the log-probs of the depths a tree can use; `build` turns
+    them into a tree with the configured tree source, merged with the context's continuations when lookup is
+    on (`hf_tev.lookup`). With no drafter (lookup alone) `draft` returns None and the tree is the context's.
     """
 
     def __init__(self, drafter, target, tev_config: TEVConfig):
         self.drafter, self.target, self.budget = drafter, target, tev_config.largest_tree
         self.builder = TREE_BUILDERS[tev_config.tree]
+        self.lookup = self.lookup_stats = None
+        if tev_config.lookup:
+            self.lookup = ContextIndex(
+                tev_config.lookup_min_ngram,
+                tev_config.lookup_max_ngram,
+                tev_config.lookup_length,
+                tev_config.lookup_branches,
+            )
+            self.lookup_stats = LookupStats()
+        self.context = self.context_positions = None  # committed tokens not yet in the drafter's cache
+        self.hidden_indices = None if drafter is None else drafter.target_hidden_indices
+        if drafter is None:
+            return
         self.block_size = tev_config.block_size or drafter.config.block_size
         self.cache = drafter.new_cache()
         device = target.get_input_embeddings().weight.device
         self.block_ids = torch.full((1, self.block_size), drafter.config.mask_token_id, dtype=torch.long, device=device)
         self.block_offsets = torch.arange(self.block_size, device=device)[None]  # [1, L]
-        self.context = self.context_positions = None  # committed tokens not yet in the drafter's cache
 
-    def update_candidate_strategy(self, features: torch.Tensor, positions: torch.LongTensor) -> None:
-        """Stage 5: the newly committed tokens' target features `[1, c, k * hidden]` and positions `[1, c]`."""
+    def features(self, hidden_states, rows=None) -> torch.Tensor | None:
+        """The drafter's context features `[1, c, k * hidden]` from a target output's hidden states (the `rows`
+        of the accepted path); None without a drafter."""
+        if self.drafter is None:
+            return None
+        features = self.drafter.context_features(hidden_states)
+        return features if rows is None else features[:, rows]
+
+    def update_candidate_strategy(self, features, positions: torch.LongTensor, tokens: list[int] | None = None):
+        """Stage 5: the newly committed tokens (host ids, for the context index), their target features
+        `[1, c, k * hidden]` and positions `[1, c]`."""
+        if self.lookup is not None and tokens:
+            self.lookup.extend(tokens)
+        if features is None:
+            return
         if self.context is None:
             self.context, self.context_positions = features, positions
         else:
@@ -125,6 +154,8 @@ class DFlashTreeCandidateGenerator:
         The block is always the drafter's full block (it is trained on full blocks and attends inside them
         bidirectionally); only the LM head is limited to the `d = min(L - 1, max_depth, budget)` usable depths.
         """
+        if self.drafter is None:
+            return None
         depths = min(self.block_size - 1, max_depth, self.budget if budget is None else budget)
         if depths <= 0:
             return None
@@ -136,12 +167,27 @@ class DFlashTreeCandidateGenerator:
         self.context = self.context_positions = None  # in the drafter's cache now
         return torch.log_softmax(logits[0].float(), dim=-1)
 
-    def build(self, draft_logprobs, root: torch.LongTensor, size_rule=None, budget: int | None = None) -> DraftTree:
+    def build(self, draft_logprobs, root, size_rule=None, budget: int | None = None, max_depth: int | None = None):
         """Stage 2: the tree of at most `budget` nodes (default: the configured budget; fewer where `size_rule`
-        stops it, see `hf_tev.budget`); the root alone when nothing was drafted."""
-        if draft_logprobs is None:  # the cycle is a plain decoding step
+        stops it, see `hf_tev.budget`), with the context's continuations when lookup is on; the root alone
+        when nothing was proposed (a plain decoding step). `max_depth` bounds the context's continuations (the
+        drafter's depths are bounded in `draft`)."""
+        budget = self.budget if budget is None else budget
+        if self.lookup is not None:
+            continuations = self.lookup.continuations(int(root))  # one host read of the root
+            if max_depth is not None:
+                continuations = [(tokens[:max_depth], n) for tokens, n in continuations if max_depth > 0]
+            return build_merged_tree(
+                draft_logprobs, budget, root, continuations, self.lookup_stats, size_rule, device=root.device
+            )
+        if draft_logprobs is None:
             return chain_tree(root.new_zeros((0, 1), dtype=torch.float32), 0, root)
-        return self.builder(draft_logprobs, self.budget if budget is None else budget, root, size_rule=size_rule)
+        return self.builder(draft_logprobs, budget, root, size_rule=size_rule)
+
+    def observe(self, tree: DraftTree, path: list[int]) -> None:
+        """The verifier's outcome (accepted node indices, host): what the lookup statistics learn from."""
+        if self.lookup_stats is not None:
+            self.lookup_stats.update(tree, path)
 
     def get_candidates(self, root: torch.LongTensor, root_position: int, max_depth: int) -> DraftTree:
         """Draft and build one tree (stages 1 and 2 together, for callers that do not time them apart)."""
@@ -176,17 +222,19 @@ def prefill(model, drafter, input_ids, cache, attention_mask=None, position_ids=
             attention_mask=None if attention_mask is None else attention_mask[:, :end],
             position_ids=position_ids[:, start:end],
             cache=cache,
-            output_hidden_states=drafter.target_hidden_indices,
+            output_hidden_states=None if drafter is None else drafter.target_hidden_indices,
             logits_to_keep=1,
             use_cache=True,
         )
-        features.append(drafter.context_features(out.hidden_states))  # [1, end - start, k * H]
-    features = features[0] if len(features) == 1 else torch.cat(features, dim=1)
+        if drafter is not None:
+            features.append(drafter.context_features(out.hidden_states))  # [1, end - start, k * H]
+    features = None if not features else features[0] if len(features) == 1 else torch.cat(features, dim=1)
     positions, pad_columns = position_ids[:, past:], None
     if attention_mask is not None and not bool(attention_mask.all()):
         real = attention_mask[0].bool()
         pad_columns = (~real).nonzero(as_tuple=True)[0]
-        features, positions = features[:, real[past:]], positions[:, real[past:]]
+        positions = positions[:, real[past:]]
+        features = None if features is None else features[:, real[past:]]
     return out.logits[:, -1].float(), features, positions, pad_columns
 
 
@@ -367,7 +415,9 @@ def automatic_budget(model, drafter, tev_config: TEVConfig, generation_config) -
     """A `CostAwareBudget` for one call, with the calibration and cost model learnt by earlier calls on the
     same drafter and target (kept as long as the models live)."""
     sampling = (generation_config.do_sample, generation_config.temperature if generation_config.do_sample else 0)
-    calibration = _CALIBRATIONS.setdefault(drafter, {}).setdefault((id(model), sampling), AcceptanceCalibration())
+    owner = model if drafter is None else drafter  # lookup alone: the calibration of the target's context drafts
+    key = (id(model), sampling, tev_config.lookup)
+    calibration = _CALIBRATIONS.setdefault(owner, {}).setdefault(key, AcceptanceCalibration())
     device = model.get_input_embeddings().weight.device
     cost_key = (str(device), model.dtype, torch.get_num_threads(), model.config._attn_implementation)
     cost = _COSTS.setdefault(model, {}).setdefault(cost_key, CycleCost())
@@ -525,15 +575,18 @@ def _refuse(name: str, value, what: str) -> ValueError:
 def _check_supported(model, drafter, input_ids, generation_config, tev_config, model_kwargs):
     """Raise a clear error, naming the option, for everything the tree decoder cannot do exactly as plain
     `generate`; warn when the largest tree takes much memory. Reads shapes and settings only (no model call)."""
-    # 1. The drafter.
-    if drafter is None:
-        raise ValueError("`tev_config` needs `assistant_model=` a DFlash drafter (hf_tev.DFlashDraftModel).")
-    if not hasattr(drafter, "draft_logits"):
+    # 1. The drafter (none for tree lookup decoding).
+    if drafter is None and not tev_config.lookup:
+        raise ValueError(
+            "`tev_config` needs `assistant_model=` a DFlash drafter (hf_tev.DFlashDraftModel), or "
+            "`TEVConfig(lookup=True)` for tree lookup decoding without a drafter."
+        )
+    if drafter is not None and not hasattr(drafter, "draft_logits"):
         raise TypeError(
             f"`assistant_model` must be a DFlash drafter (hf_tev.DFlashDraftModel), got {type(drafter).__name__}. "
             "Classic assistant models use transformers' assisted generation: drop `tev_config`."
         )
-    if any(p.is_meta for p in drafter.parameters()):
+    if drafter is not None and any(p.is_meta for p in drafter.parameters()):
         raise ValueError(
             "`assistant_model` (the DFlash drafter) is on the meta device (no weights loaded): load its weights "
             "first (DFlashDraftModel.from_pretrained, or from_target for a fresh drafter)."
@@ -589,8 +642,9 @@ def _check_supported(model, drafter, input_ids, generation_config, tev_config, m
                 "the cache generate returns)."
             )
     # 4. Drafter and target together.
-    drafter.check_target(model)
-    if tev_config.block_size is not None and tev_config.block_size > drafter.config.block_size:
+    if drafter is not None:
+        drafter.check_target(model)
+    if drafter is not None and tev_config.block_size is not None and tev_config.block_size > drafter.config.block_size:
         raise ValueError(
             f"TEVConfig.block_size={tev_config.block_size} exceeds the drafter's block_size={drafter.config.block_size}"
         )
@@ -602,7 +656,7 @@ def _check_supported(model, drafter, input_ids, generation_config, tev_config, m
         )
     # 5. Memory of the largest tree.
     nodes = tev_config.largest_tree + 1
-    if tev_config.tree == "chain":
+    if tev_config.tree == "chain" and drafter is not None and not tev_config.lookup:
         nodes = min(nodes, (tev_config.block_size or drafter.config.block_size))
     vocab = model.get_output_embeddings().weight.shape[0]
     estimate = tree_memory_bytes(nodes, vocab, generation_config.max_length, model.dtype.itemsize)
@@ -675,7 +729,8 @@ def tree_speculative_decode(
         model_kwargs.get("position_ids"),
         generation_config.prefill_chunk_size,
     )
-    candidates.update_candidate_strategy(features, positions)
+    lookup = candidates.lookup is not None
+    candidates.update_candidate_strategy(features, positions, input_ids[0].tolist() if lookup else None)
     next_position = int(positions[0, -1]) + 1
     processed = logits_processor(input_ids, raw)
     root = next_token(processed, do_sample, generator)  # [1]
@@ -688,7 +743,7 @@ def tree_speculative_decode(
     if auto is not None and not auto.cost.probed and stop is None:
         auto.cost.set_probe(
             *probe_tree_costs(
-                model, cache, tree_inputs, root, next_position, drafter.target_hidden_indices, tev_config.max_budget + 1
+                model, cache, tree_inputs, root, next_position, candidates.hidden_indices, tev_config.max_budget + 1
             )
         )
     stats.prefill_time = clock.lap()
@@ -697,23 +752,24 @@ def tree_speculative_decode(
         past = cache.get_seq_length()
         # 1.-2. Draft and build. Tokens still allowed after the root bound the depth (the bonus is one of them).
         # The automatic budget may skip the drafter, and stops the build where one more node does not pay.
+        max_depth = generation_config.max_length - sequence.shape[1] - 1
         draft_logprobs, cap = None, None if auto is None else auto.cap()
         if auto is None or auto.should_draft():
-            max_depth = generation_config.max_length - sequence.shape[1] - 1
             draft_logprobs = candidates.draft(root, next_position, max_depth, cap)
         draft_s = clock.lap()
-        size_rule = None
-        if auto is not None and draft_logprobs is not None:
-            auto.cost.observe_draft(draft_s)
-            size_rule = auto.size_rule()
-        tree = candidates.build(draft_logprobs, root, size_rule, cap)
+        size_rule, drafted = None, draft_logprobs is not None
+        if auto is not None and (drafted or lookup):
+            if drafted:
+                auto.cost.observe_draft(draft_s)
+            size_rule = auto.size_rule(drafted=drafted)
+        tree = candidates.build(draft_logprobs, root, size_rule, cap, max_depth)
         if size_rule is not None:
-            stats.predicted_lengths.append(auto.chose(tree.num_nodes - 1))
+            stats.predicted_lengths.append(auto.chose(tree.num_nodes - 1, drafted=drafted))
         elif auto is not None:
             stats.predicted_lengths.append(1.0)
         build_s = clock.lap()
         # 3. Tree forward.
-        out = tree_forward(model, tree, cache, *tree_inputs(tree, past, next_position), drafter.target_hidden_indices)
+        out = tree_forward(model, tree, cache, *tree_inputs(tree, past, next_position), candidates.hidden_indices)
         logits = out.logits[0].float()  # [N, V]
         forward_s = clock.lap()
         # 4. Verifier stage: processors, decision, cache commit.
@@ -721,15 +777,17 @@ def tree_speculative_decode(
             tree, logits, sequence[:, :-1], logits_processor, verify, generator, cache, past
         )
         verify_s = clock.lap()
-        # 5. Commit: the accepted nodes' features go to the drafter; tokens, outputs and stats are recorded.
+        # 5. Commit: the accepted nodes' features go to the drafter, the committed tokens to the context index;
+        # tokens, outputs and stats are recorded.
         accepted = path.numel()  # root + accepted drafted nodes
-        candidates.update_candidate_strategy(
-            drafter.context_features(out.hidden_states)[:, path],
-            torch.arange(next_position, next_position + accepted, device=device)[None],
-        )
-        next_position += accepted
         start = sequence.shape[1]
         sequence = torch.cat([sequence, tree.tokens[path[1:]][None], bonus.view(1, 1)], dim=1)
+        candidates.update_candidate_strategy(
+            candidates.features(out.hidden_states, path),
+            torch.arange(next_position, next_position + accepted, device=device)[None],
+            sequence[0, start - 1 : -1].tolist() if lookup else None,  # the old root and the accepted tokens
+        )
+        next_position += accepted
         outputs.add(processed[path], logits[path])
         stop = first_stop(stopping_criteria, sequence, start, outputs.scores)
         if stop is not None:
@@ -737,12 +795,15 @@ def tree_speculative_decode(
         outputs.stream(sequence[0, start:])
         root = bonus.view(1)
         stats.record(accepted, tree.num_nodes - 1, draft_s, build_s, forward_s, verify_s)
+        path_nodes = path.tolist()
+        stats.count_sources(tree.node_info.sources if tree.node_info else None, path_nodes)
+        candidates.observe(tree, path_nodes)
         if outputs.return_dict:  # coverage 1 + C, only for returned statistics; read once at the end
             coverages.append(target_flow(tree, processed)[0].sum() if do_sample else float(accepted))
         del out
         rest_s = clock.lap()  # the bookkeeping above belongs to no stage
         if auto is not None:
-            auto.observe(tree.path_logprobs, path.tolist(), forward_s, build_s + verify_s + rest_s)
+            auto.observe(tree.path_logprobs, path_nodes, forward_s, build_s + verify_s + rest_s)
 
     # The cache holds every returned token but the last, as plain generate's: the rows of accepted tokens after
     # a stop inside the last block go (a continuation from this cache then equals an uninterrupted run).
@@ -777,9 +838,12 @@ def routed_generate(original, model, *args, **kwargs):
     if drafter is not None and assistant is not None:
         raise ValueError("Pass the DFlash drafter once: `assistant_model=` or `drafter=`, not both.")
     drafter = assistant if drafter is None else drafter
-    if drafter is None:
-        raise ValueError("`tev_config` needs `assistant_model=` a DFlash drafter (hf_tev.DFlashDraftModel).")
     tev_config = TEVConfig() if tev_config is None else TEVConfig.coerce(tev_config)
+    if drafter is None and not tev_config.lookup:
+        raise ValueError(
+            "`tev_config` needs `assistant_model=` a DFlash drafter (hf_tev.DFlashDraftModel), or "
+            "`TEVConfig(lookup=True)` for tree lookup decoding without a drafter."
+        )
     _refuse_before_generate(model, kwargs)
     args = _heal_tokens(model, args, kwargs)
     model_stop_strings = _stop_strings_as_criteria(model, kwargs)

@@ -39,7 +39,7 @@ def kit_drafter():
     return DRAFTER
 
 
-HF_TEV_METHODS = ("chain", "ddtree", "tev")
+HF_TEV_METHODS = ("chain", "ddtree", "tev", "tev_lookup", "lookup_tree")
 STAGE_FIELDS = (
     "draft_ms",
     "build_ms",
@@ -118,7 +118,7 @@ def test_every_method_tiny_run_writes_json_table_and_plot(tiny_run, kit_drafter)
             ("prompt_lookup", None, None),
             ("dflash_native", kit_drafter, None),
         ]
-        + [(m, kit_drafter, b) for m in HF_TEV_METHODS for b in (4, "auto")]
+        + [(m, None if m == "lookup_tree" else kit_drafter, b) for m in HF_TEV_METHODS for b in (4, "auto")]
     }
     assert keys == expected and len(records) == len(expected)
     for r in records:

@@ -655,6 +655,11 @@ def test_stopping_criteria_get_the_scores_plain_generate_passes(output_scores):
         ("tree", "nope", ValueError),
         ("block_size", 1, ValueError),
         ("seed", "7", TypeError),
+        ("lookup", "yes", TypeError),
+        ("lookup_min_ngram", 0, ValueError),
+        ("lookup_max_ngram", 65, ValueError),
+        ("lookup_length", 0, ValueError),
+        ("lookup_branches", 1.5, ValueError),
         ("budgett", 4, ValueError),  # not a field: a typo would otherwise be ignored
     ],
 )

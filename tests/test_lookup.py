@@ -113,3 +113,100 @@ def test_a_node_of_both_sources_is_one_node_with_the_larger_score():
     node = next(c for c in first if tree.lists.tokens[c] == 0)
     assert tree.node_info.sources[node] == BOTH
     assert tree.path_logprobs[node] == pytest.approx(float(logprobs[0, 0]))  # the drafter's, larger than log 0.3
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Inside generate: exactness with context drafts, with and without a drafter
+# ---------------------------------------------------------------------------------------------------------
+def test_greedy_with_context_drafts_equals_plain_generate_and_sources_add_up():
+    from hf_tev import TEVConfig
+    from hf_tev.kit import load_kit_model, load_kit_prompts, load_kit_tokenizer
+
+    tokenizer, target = load_kit_tokenizer(), load_kit_model("target")
+    drafter = load_kit_model("drafter-dflash-l135")
+    lookup_accepted = 0
+    for prompt in load_kit_prompts("heldout", 2):
+        ids = tokenizer(prompt, return_tensors="pt").input_ids
+        expected = target.generate(ids, do_sample=False, max_new_tokens=48)
+        settings = [
+            (TEVConfig(lookup=True), drafter),
+            (TEVConfig(lookup=True, budget=12), drafter),
+            (TEVConfig(lookup=True), None),
+            (TEVConfig(lookup=True, budget=5, lookup_branches=1), None),
+        ]
+        settings += [(TEVConfig(lookup=True, budget=8, verifier=v), drafter) for v in ("predraw", "residual")]
+        for config, assistant in settings:
+            kwargs = {} if assistant is None else dict(assistant_model=assistant)
+            out = target.generate(
+                ids, do_sample=False, max_new_tokens=48, tev_config=config, return_dict_in_generate=True, **kwargs
+            )
+            assert out.sequences.tolist() == expected.tolist(), (config, assistant is None)
+            stats = out.tev_stats
+            # every cycle's block is its accepted nodes by source plus the bonus
+            assert sum(stats.accepted_by_source.values()) == sum(stats.accepted_lengths)
+            assert stats.accepted_by_source["bonus"] == stats.num_cycles
+            if assistant is None:
+                assert set(stats.accepted_by_source) <= {"lookup", "bonus"}
+            lookup_accepted += stats.accepted_by_source.get("lookup", 0) + stats.accepted_by_source.get("both", 0)
+    assert lookup_accepted > 20, "context drafts were never accepted: the test has no power"
+
+
+def test_tree_lookup_without_a_drafter_needs_lookup():
+    from conftest import make_target
+
+    from hf_tev import TEVConfig
+
+    target = make_target("qwen3")
+    prompt = torch.tensor([[1, 5, 9, 13, 7, 1, 5, 9]])
+    with pytest.raises(ValueError, match="lookup=True"):
+        target.generate(prompt, do_sample=False, max_new_tokens=4, tev_config=TEVConfig())
+    out = target.generate(prompt, do_sample=False, max_new_tokens=12, tev_config=TEVConfig(lookup=True))
+    assert out.tolist() == target.generate(prompt, do_sample=False, max_new_tokens=12).tolist()
+    with pytest.raises(ValueError, match="best_first"):
+        TEVConfig(lookup=True, tree="chain")
+
+
+@pytest.mark.parametrize("assistant", ["drafter", "none"])
+def test_sampling_law_with_context_drafts(assistant, monkeypatch):
+    """The last two of four sampled tokens against the target's own law, with trees where context drafts and
+    drafter candidates overlap and branch (a prompt that repeats itself, vocabulary 8)."""
+    from conftest import make_target
+    from test_generation import TemperatureLike, chi_square_pvalue, exact_last_two_law, make_drafter
+    from transformers import LogitsProcessorList
+
+    import hf_tev
+    from hf_tev import TEVConfig
+
+    # a flat probed tree cost: the automatic budget takes trees whatever this machine's load
+    monkeypatch.setattr(hf_tev.generation, "probe_tree_costs", lambda *args, **kwargs: ([1, 64], [1e-2, 1e-2]))
+    target = make_target("qwen3", vocab_size=8, hidden_size=32, num_layers=2, seed=4)
+    with torch.no_grad():
+        target.lm_head.weight.mul_(2.0)
+    target.generation_config.eos_token_id = None
+    prompt = torch.tensor([[1, 5, 3, 6, 1, 5, 3, 2, 1, 5, 3, 6, 1, 5]])
+    law = exact_last_two_law(target, prompt, LogitsProcessorList([TemperatureLike(0.9)]))
+    drafter = make_drafter(target, block_size=4) if assistant == "drafter" else None
+    kwargs = {} if drafter is None else dict(assistant_model=drafter)
+    counts, sources = torch.zeros(8, 8), {}
+    torch.manual_seed(1234)
+    for _ in range(400):
+        out = target.generate(
+            prompt,
+            max_new_tokens=4,
+            do_sample=True,
+            temperature=0.9,
+            top_k=0,
+            top_p=1.0,
+            tev_config=TEVConfig(lookup=True, lookup_branches=3, max_budget=8),
+            return_dict_in_generate=True,
+            **kwargs,
+        )
+        counts[out.sequences[0, -2], out.sequences[0, -1]] += 1
+        for source, count in out.tev_stats.accepted_by_source.items():
+            sources[source] = sources.get(source, 0) + count
+    assert chi_square_pvalue(counts, law) > 1e-3
+    wrong = exact_last_two_law(target, prompt, LogitsProcessorList([TemperatureLike(1.3)]))
+    assert chi_square_pvalue(counts, wrong) < 1e-3
+    assert sources.get("lookup", 0) + sources.get("both", 0) > 30, sources  # context drafts were on trial
+    if drafter is not None:
+        assert sources.get("drafter", 0) > 10, sources  # and the drafter's own branches

@@ -64,18 +64,20 @@ def register_method(method: Method) -> Method:
     return method
 
 
-def _tev_method(name, description, tree, verifier, **extra):
+def _tev_method(name, description, tree, verifier, lookup=False, uses_drafter=True, **extra):
     def generate_kwargs(models, drafter, budget):
-        from ..generation import TEVConfig  # on use: the report reads this registry and imports no transformers
+        from ..config import TEVConfig
 
-        return dict(
-            assistant_model=models.drafters[drafter],
+        kwargs = dict(
             return_dict_in_generate=True,
-            tev_config=TEVConfig(budget=budget, verifier=verifier, tree=tree),
+            tev_config=TEVConfig(budget=budget, verifier=verifier, tree=tree, lookup=lookup),
         )
+        if uses_drafter:
+            kwargs["assistant_model"] = models.drafters[drafter]
+        return kwargs
 
     return Method(
-        name, description, generate_kwargs, uses_drafter=True, uses_budget=True, tev_verifier=verifier, **extra
+        name, description, generate_kwargs, uses_drafter=uses_drafter, uses_budget=True, tev_verifier=verifier, **extra
     )
 
 
@@ -129,6 +131,19 @@ register_method(
         "tev",
         replay_verifier="tev",
         replay_label="TEV",
+    )
+)
+register_method(
+    _tev_method("tev_lookup", "hf_tev, drafter + context drafts in one tree, TEV", "best_first", "tev", lookup=True)
+)
+register_method(
+    _tev_method(
+        "lookup_tree",
+        "hf_tev, tree of context drafts alone (no drafter), TEV",
+        "best_first",
+        "tev",
+        lookup=True,
+        uses_drafter=False,
     )
 )
 

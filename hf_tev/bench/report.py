@@ -108,7 +108,7 @@ def _across_budgets(at_t, sets, temperature) -> list[str]:
     if not keys:
         return []
     out = ["", f"## Across budgets, T = {temperature:g} (Table 5)", ""]
-    out += _sr_tau_table(at_t, sets, keys, lambda k: [str(k[2]), k[0], k[1]])
+    out += _sr_tau_table(at_t, sets, keys, lambda k: [str(k[2]), k[0], k[1] or "—"])
     auto = [k for k in keys if k[2] == "auto"]
     if auto:
         rows = []
@@ -118,7 +118,7 @@ def _across_budgets(at_t, sets, temperature) -> list[str]:
             rows.append(
                 [
                     key[0],
-                    key[1],
+                    key[1] or "—",
                     _fmt(_mean([r["tree_size_mean"] for r in mine]), ".1f"),
                     quartiles,
                     _percent(_mean([r["plain_cycle_fraction"] for r in mine])),
@@ -185,7 +185,7 @@ def _cycle_breakdown(at_t, temperature) -> list[str]:
             [
                 str(key[2]),
                 key[0],
-                key[1],
+                key[1] or "—",
                 *(_fmt(v, ".1f" if name == "overhead %" else ".2f") for name, v in values.items()),
             ]
         )
