@@ -229,10 +229,22 @@ class CostAwareBudget:
         self._state = state
         return add_node
 
-    def chose(self, nodes: int, drafted: bool = True) -> float:
+    def best_rate(self, path_logprobs: list[float], drafted: bool) -> float:
+        """The expected tokens per second of the best tree of these nodes (root first, in the builder's order),
+        as `size_rule` would cut it."""
+        kept = getattr(self, "_state", None)  # the rule of this cycle's tree stays the one `chose` reads
+        rule = self.size_rule(drafted)
+        for nodes, log_q in enumerate(path_logprobs[1:], start=1):
+            if not rule(nodes, log_q):
+                break
+        rate, self._state = self._state["rate"], kept
+        return rate
+
+    def chose(self, nodes: int, drafted: bool = True, alternative_rate: float = 0.0) -> float:
         """After the build: the tree has `nodes` drafted nodes. Decides the pause before the next drafted
-        cycle (only a cycle that ran the drafter can tell whether the drafter pays) and returns the predicted
-        block length A_cal(nodes)."""
+        cycle (only a cycle that ran the drafter can tell whether the drafter pays: against plain decoding, or
+        against `alternative_rate`, the best cycle without the drafter, e.g. context drafts alone) and returns
+        the predicted block length A_cal(nodes)."""
         self.predicted = self._state["length"] if nodes else 1.0
         if not drafted:
             return self.predicted
@@ -241,8 +253,8 @@ class CostAwareBudget:
             self.limit = min(self.max_budget, 2 * self.limit)
         else:
             self.limit = min(self.max_budget, max(8, 2 * max(self.recent), self.limit // 2))
-        plain_rate = 1.0 / self.cost.cycle(0, drafted=False)
-        if self._state["rate"] < plain_rate:  # no tree pays for the drafter: decode plainly for a while
+        plain_rate = max(1.0 / self.cost.cycle(0, drafted=False), alternative_rate)
+        if self._state["rate"] < plain_rate:  # no tree pays for the drafter: go without it for a while
             self.pause = min(max(1, 2 * self.pause), self.max_pause)
             self.paused = self.pause
         else:

@@ -68,7 +68,7 @@ from transformers.generation import (
 
 from .budget import AcceptanceCalibration, CostAwareBudget, CycleCost
 from .config import TEVConfig, TEVStats, tree_memory_bytes
-from .lookup import ContextIndex, LookupStats, build_merged_tree
+from .lookup import ContextIndex, LookupStats, build_merged_tree, lookup_path_logprobs
 from .route import generation_setting
 from .tree import TREE_BUILDERS, DraftTree, TreeInputs, chain_tree
 from .verify import VERIFIERS, target_flow
@@ -177,6 +177,7 @@ class DFlashTreeCandidateGenerator:
             continuations = self.lookup.continuations(int(root))  # one host read of the root
             if max_depth is not None:
                 continuations = [(tokens[:max_depth], n) for tokens, n in continuations if max_depth > 0]
+            self.continuations = continuations
             return build_merged_tree(
                 draft_logprobs, budget, root, continuations, self.lookup_stats, size_rule, device=root.device
             )
@@ -397,6 +398,9 @@ def verifier_stage(tree, logits, committed_ids, logits_processor, verify, genera
         token (0-dim) and the processed scores `[N, V]` (each verifier normalises only the rows it needs).
     """
     processed = process_tree_logits(logits_processor, committed_ids, tree, logits)
+    if tree.num_nodes == 1:  # the root alone, a plain decoding step: its bonus is the target's own next token
+        path = torch.zeros(1, dtype=torch.long, device=logits.device)
+        return path, next_token(processed, verify is not VERIFIERS["greedy"], generator)[0], processed
     path, bonus = verify(tree, processed, generator=generator)
     path_list = path.tolist()  # verifiers return the path on the host (their one host sync)
     path = path.to(logits.device, non_blocking=True)
@@ -764,7 +768,13 @@ def tree_speculative_decode(
             size_rule = auto.size_rule(drafted=drafted)
         tree = candidates.build(draft_logprobs, root, size_rule, cap, max_depth)
         if size_rule is not None:
-            stats.predicted_lengths.append(auto.chose(tree.num_nodes - 1, drafted=drafted))
+            # With context drafts, a cycle without the drafter still has a tree: the drafter must beat that.
+            alternative = 0.0
+            if drafted and lookup:
+                alternative = auto.best_rate(
+                    lookup_path_logprobs(candidates.continuations, candidates.lookup_stats), False
+                )
+            stats.predicted_lengths.append(auto.chose(tree.num_nodes - 1, drafted, alternative))
         elif auto is not None:
             stats.predicted_lengths.append(1.0)
         build_s = clock.lap()
@@ -799,7 +809,8 @@ def tree_speculative_decode(
         stats.count_sources(tree.node_info.sources if tree.node_info else None, path_nodes)
         candidates.observe(tree, path_nodes)
         if outputs.return_dict:  # coverage 1 + C, only for returned statistics; read once at the end
-            coverages.append(target_flow(tree, processed)[0].sum() if do_sample else float(accepted))
+            plain = not do_sample or tree.num_nodes == 1  # the coverage is the accepted length
+            coverages.append(float(accepted) if plain else target_flow(tree, processed)[0].sum())
         del out
         rest_s = clock.lap()  # the bookkeeping above belongs to no stage
         if auto is not None:

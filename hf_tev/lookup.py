@@ -117,6 +117,32 @@ class NodeInfo:
     matches: list[int]
 
 
+def _lookup_trie(continuations: list[tuple[list[int], int]], stats: LookupStats):
+    """The continuations as a trie: `(nodes, order)`, nodes `(score, depth, parent, token, match)` (node 0 the
+    root) and the non-root nodes in non-increasing score, parents before children on ties."""
+    trie: dict[tuple[int, int], int] = {}  # (parent trie id, token) -> trie id; the root is trie id 0
+    trie_nodes = [(0.0, 0, -1, -1, 0)]  # (score, depth, parent trie id, token, match)
+    for continuation, match in continuations:
+        parent, score = 0, 0.0
+        for depth, token in enumerate(continuation, start=1):
+            node = trie.get((parent, token))
+            step = math.log(stats.rate(depth, match))
+            if node is None:
+                node = trie[(parent, token)] = len(trie_nodes)
+                trie_nodes.append((score + step, depth, parent, token, match))
+            elif score + step > trie_nodes[node][0]:  # the longer match or the earlier branch estimates higher
+                trie_nodes[node] = (score + step, depth, parent, token, match)
+            parent, score = node, trie_nodes[node][0]
+    return trie_nodes, sorted(range(1, len(trie_nodes)), key=lambda t: (-trie_nodes[t][0], trie_nodes[t][1], t))
+
+
+def lookup_path_logprobs(continuations: list[tuple[list[int], int]], stats: LookupStats) -> list[float]:
+    """The path scores a tree of the continuations alone would have, root first, in the builder's order: what
+    the automatic budget weighs a cycle without the drafter by."""
+    trie_nodes, order = _lookup_trie(continuations, stats)
+    return [0.0] + [trie_nodes[t][0] for t in order]
+
+
 def build_merged_tree(
     draft_logprobs: torch.Tensor | None,
     budget: int,
@@ -139,20 +165,7 @@ def build_merged_tree(
     root = _root_tensor(root_token, device if device is not None else "cpu")
 
     # 1. The lookup trie, its nodes in non-increasing lookup score (parents before children on ties).
-    trie: dict[tuple[int, int], int] = {}  # (parent trie id, token) -> trie id; the root is trie id 0
-    trie_nodes = [(0.0, 0, -1, -1, 0)]  # (score, depth, parent trie id, token, match)
-    for continuation, match in continuations:
-        parent, score = 0, 0.0
-        for depth, token in enumerate(continuation, start=1):
-            node = trie.get((parent, token))
-            step = math.log(stats.rate(depth, match))
-            if node is None:
-                node = trie[(parent, token)] = len(trie_nodes)
-                trie_nodes.append((score + step, depth, parent, token, match))
-            elif score + step > trie_nodes[node][0]:  # the longer match or the earlier branch estimates higher
-                trie_nodes[node] = (score + step, depth, parent, token, match)
-            parent, score = node, trie_nodes[node][0]
-    lookup_order = sorted(range(1, len(trie_nodes)), key=lambda t: (-trie_nodes[t][0], trie_nodes[t][1], t))
+    trie_nodes, lookup_order = _lookup_trie(continuations, stats)
 
     # 2. The drafter's ranked top-k per depth (as in `build_tree`), on the host.
     values = ids = None

@@ -380,10 +380,15 @@ class TreeInputs:
     def __call__(self, tree: DraftTree, past_length: int, first_position: int) -> tuple[torch.Tensor, torch.LongTensor]:
         """`(mask [1, 1, N, past_length + N], position_ids [1, N])` for `tree` after `past_length` cached
         tokens, the root at position `first_position` (= past_length unless padding shifts positions).
-        Views of the buffers: valid until the next call."""
+        Views of the buffers: valid until the next call. The root alone with nothing hidden needs no mask (it
+        sees every cached token): the mask is then None, and the target takes its plain decoding path."""
         if past_length < 0:
             raise ValueError(f"past_length must be >= 0, got {past_length}")
         num_nodes = tree.num_nodes
+        if num_nodes == 1 and self.hidden_columns is None:
+            positions = self.positions[:, :1] if self.positions.shape[1] else self.positions.new_empty(1, 1)
+            positions.fill_(first_position)
+            return None, positions
         rows, columns = self.mask.shape
         if num_nodes > rows or past_length + num_nodes > columns:
             rows = max(num_nodes, rows)

@@ -151,3 +151,24 @@ def test_cost_model_follows_measured_cycles():
         cost.observe(15, tree_s=2 * cost.tree_shape(16), rest_s=1e-3 + 1e-5 * 15)
     assert cost.tree(4) == pytest.approx(2 * cost.tree_shape(4), rel=1e-3)
     assert cost.rest(9) == pytest.approx(1e-3 + 9e-5, rel=1e-3)
+
+
+def test_the_drafter_pauses_when_a_tree_without_it_is_better():
+    cost = CycleCost()
+    cost.set_probe([1, 2, 4, 8, 16], [5e-3 * (1 + 0.05 * k) for k in (1, 2, 4, 8, 16)])
+    cost.observe_draft(4e-3)  # an expensive drafter
+    budget = CostAwareBudget(16, AcceptanceCalibration(decay=1.0), cost)
+    drafter_paths = [0.0, math.log(0.95), math.log(0.9)]  # what the drafter proposes: it pays against plain
+    lookup_paths = [0.0, math.log(0.99), math.log(0.98), math.log(0.97)]  # what the context proposes, for free
+    rule = budget.size_rule()
+    nodes = next((n - 1 for n in range(1, 3) if not rule(n, drafter_paths[n])), 2)
+    alternative = budget.best_rate(lookup_paths, drafted=False)
+    assert alternative > budget._state["rate"]  # best_rate left this cycle's rule in place
+    budget.chose(nodes, drafted=True, alternative_rate=alternative)
+    assert not budget.should_draft()  # the next cycle goes without the drafter (context drafts alone)
+    # the same drafter without a better alternative keeps drafting
+    budget = CostAwareBudget(16, AcceptanceCalibration(decay=1.0), cost)
+    rule = budget.size_rule()
+    nodes = next((n - 1 for n in range(1, 3) if not rule(n, drafter_paths[n])), 2)
+    budget.chose(nodes, drafted=True)
+    assert budget.should_draft()
