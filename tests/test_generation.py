@@ -302,6 +302,8 @@ def test_sampling_law_matches_target(verifier, budget, warp, monkeypatch):
         # grow trees whatever this machine's load, so the law is tested on real trees every time. Any sizes
         # would be exact: they are fixed before the target's draws.
         monkeypatch.setattr(hf_tev.generation, "probe_tree_costs", lambda *args, **kwargs: ([1, 64], [1e-2, 1e-2]))
+        # and a calibration that keeps trusting the drafter (what it learns from 400 calls would shrink the trees)
+        monkeypatch.setattr(hf_tev.budget.AcceptanceCalibration, "__call__", lambda self, log_q: 0.5)
     target = make_target("qwen3", vocab_size=8, hidden_size=32, num_layers=2, seed=4)
     with torch.no_grad():
         target.lm_head.weight.mul_(2.0)  # several tokens matter at each step, and temperature changes the law
