@@ -394,17 +394,20 @@ def verifier_stage(tree, logits, committed_ids, logits_processor, verify, genera
         committed_ids (`torch.LongTensor` of shape `(1, past)`): the tokens in the cache.
         verify: a verifier of `hf_tev.verify.VERIFIERS` (`"greedy"` for greedy decoding).
     Returns:
-        `(path, bonus, processed)`: accepted node indices root first `[k + 1]` (on the logits' device), the bonus
-        token (0-dim) and the processed scores `[N, V]` (each verifier normalises only the rows it needs).
+        `(path, bonus, processed)`: accepted node indices root first `[k + 1]` (on the host, as the verifiers
+        return it: indexing device tensors with it needs no sync), the bonus token (0-dim, on the device) and the
+        processed scores `[N, V]` (each verifier normalises only the rows it needs).
     """
     processed = process_tree_logits(logits_processor, committed_ids, tree, logits)
     if tree.num_nodes == 1:  # the root alone, a plain decoding step: its bonus is the target's own next token
-        path = torch.zeros(1, dtype=torch.long, device=logits.device)
-        return path, next_token(processed, verify is not VERIFIERS["greedy"], generator)[0], processed
-    path, bonus = verify(tree, processed, generator=generator)
-    path_list = path.tolist()  # verifiers return the path on the host (their one host sync)
-    path = path.to(logits.device, non_blocking=True)
-    commit_accepted_path(cache, past, path, path_list == list(range(len(path_list))))
+        return (
+            torch.zeros(1, dtype=torch.long),
+            next_token(processed, verify is not VERIFIERS["greedy"], generator)[0],
+            processed,
+        )
+    path, bonus = verify(tree, processed, generator=generator)  # path on the host: the verifier's one host sync
+    is_prefix = bool((path == torch.arange(path.numel())).all())
+    commit_accepted_path(cache, past, path.to(logits.device, non_blocking=True), is_prefix)
     return path, bonus, processed
 
 
