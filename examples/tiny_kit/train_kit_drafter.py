@@ -52,15 +52,17 @@ TARGET_LAYERS = [1, 3, 5]
 
 
 def load_rows(patterns=DATA_PATTERNS) -> tuple[list[dict], dict[str, int]]:
-    """Every complete row of the files matching `patterns` (a file being appended to may end mid-line)."""
-    rows, counts = [], {}
+    """Every complete row of the files matching `patterns` (a file being appended to may end mid-line), each once:
+    the data job's file in `build/` and its committed copy in `data/` hold the same rows."""
+    rows, counts, seen = [], {}, set()
     for path in sorted({p for pattern in patterns for p in glob.glob(pattern)}):
         before = len(rows)
         with open(path) as f:
             for line in f:
                 if not line.endswith("\n"):
                     break  # the writer is still at it
-                if line.strip():
+                if line.strip() and line not in seen:
+                    seen.add(line)
                     rows.append(json.loads(line))
         counts[str(Path(path).relative_to(KIT))] = len(rows) - before
     return rows, counts
