@@ -1,0 +1,227 @@
+"""Every target family the released drafters pair with, as tiny random models: Qwen3, Qwen3-MoE, Llama 3.1 (llama3
+rope scaling, block 10), Gemma 3 text and Gemma 4 (text, and the unified multimodal wrapper) with sliding-window
+layers. Prompts are longer than the window (40 tokens, window 8) so the window matters in every tree pass."""
+
+import pytest
+import torch
+from test_generation import TemperatureLike, chi_square_pvalue, exact_last_two_law, with_oracle
+from transformers import (
+    Gemma3ForCausalLM,
+    Gemma3TextConfig,
+    LlamaConfig,
+    LlamaForCausalLM,
+    LogitsProcessorList,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+    Qwen3MoeConfig,
+    Qwen3MoeForCausalLM,
+)
+from transformers.models.gemma4 import Gemma4ForCausalLM, Gemma4TextConfig
+from transformers.models.gemma4_unified import Gemma4UnifiedConfig, Gemma4UnifiedForConditionalGeneration
+
+from hf_tev import DFlashDraftModel, TEVConfig
+from hf_tev.generation import DynamicCache, commit_accepted_path
+from hf_tev.target_layers import full_length_cache, tree_attention_masks
+from hf_tev.tree import build_tree, tree_attention_mask, tree_position_ids
+
+WINDOW = 8
+PROMPT_LENGTH = 40
+FAMILIES = ("qwen3", "qwen3_moe", "llama31", "gemma3", "gemma4", "gemma4_unified")
+SLIDING_FAMILIES = ("gemma3", "gemma4", "gemma4_unified")
+BLOCK_SIZE = {"llama31": 10}  # the released Llama-3.1 drafters draft blocks of 10; the others 16 (8 here: cheaper)
+VERIFIERS = ("tev", "predraw", "residual")
+
+
+def make_family_target(family: str, vocab_size: int = 96, num_layers: int = 4, seed: int = 0):
+    """A tiny random target of `family` (hidden 32, heads 4 / KV 2), sliding window 8 where the family has one."""
+    torch.manual_seed(seed)
+    common = dict(
+        vocab_size=vocab_size,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=num_layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        max_position_embeddings=512,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+    )
+    # 3 sliding : 1 full (Gemma 4's pattern is 5:1 with the last layer full)
+    pattern = ["sliding_attention"] * (num_layers - 1) + ["full_attention"]
+    if family == "qwen3":
+        model = Qwen3ForCausalLM(Qwen3Config(**common, tie_word_embeddings=False))
+    elif family == "qwen3_moe":  # Qwen3-Coder-30B-A3B's family: routed experts in every layer
+        model = Qwen3MoeForCausalLM(
+            Qwen3MoeConfig(
+                **common, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, tie_word_embeddings=False
+            )
+        )
+    elif family == "llama31":  # Llama-3.1's rope: llama3 frequency scaling
+        rope = dict(
+            rope_type="llama3",
+            rope_theta=500000.0,
+            factor=8.0,
+            low_freq_factor=1.0,
+            high_freq_factor=4.0,
+            original_max_position_embeddings=64,
+        )
+        model = LlamaForCausalLM(LlamaConfig(**common, rope_parameters=rope, tie_word_embeddings=False))
+    elif family == "gemma3":
+        config = Gemma3TextConfig(**common, sliding_window=WINDOW, layer_types=pattern, final_logit_softcapping=30.0)
+        model = Gemma3ForCausalLM(config)
+    elif family == "gemma4":
+        # per-layer head_dim (full-attention layers 16), per-layer input embeddings, KV sharing (the last two
+        # layers reuse the first two's K/V), soft-capping
+        config = Gemma4TextConfig(
+            **common,
+            sliding_window=WINDOW,
+            layer_types=["sliding_attention", "full_attention"] * (num_layers // 2),
+            final_logit_softcapping=30.0,
+            global_head_dim=16,
+            hidden_size_per_layer_input=8,
+            vocab_size_per_layer_input=vocab_size,
+            num_kv_shared_layers=num_layers // 2,
+        )
+        model = Gemma4ForCausalLM(config)
+    elif family == "gemma4_unified":  # gemma-4-12B-it's class; text-only prompts
+        text = dict(common, sliding_window=WINDOW, layer_types=pattern, final_logit_softcapping=30.0)
+        model = Gemma4UnifiedForConditionalGeneration(
+            Gemma4UnifiedConfig(text_config=text, vision_config=None, audio_config=None)
+        )
+    else:
+        raise ValueError(family)
+    with torch.no_grad():  # sharper logits: greedy paths and acceptance mean something
+        model.get_output_embeddings().weight.mul_(8.0)
+    model.generation_config.eos_token_id = None  # the laws and lengths below are of free tokens
+    model.set_attn_implementation("sdpa")
+    return model.eval()
+
+
+def make_family_drafter(target, family: str, seed: int = 1):
+    torch.manual_seed(seed)
+    return DFlashDraftModel.from_target(target, num_layers=1, block_size=BLOCK_SIZE.get(family, 8))
+
+
+def long_prompt(vocab_size: int, seed: int = 5, length: int = PROMPT_LENGTH) -> torch.LongTensor:
+    generator = torch.Generator().manual_seed(seed)
+    low = 3 if vocab_size > 8 else 0  # past the special ids, except in the laws' tiny vocabularies
+    return torch.randint(low, vocab_size, (1, length), generator=generator)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The tree pass itself: every node's logits are the target's on its own path, and the kept path is a cache
+# ---------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("family", FAMILIES)
+def test_tree_pass_equals_path_forwards_past_the_window(family):
+    target = make_family_target(family)
+    prompt = long_prompt(96)
+    past = prompt.shape[1]
+    torch.manual_seed(3)
+    # 10 depths: paths longer than the window, so a deep node's window drops its own oldest ancestors too
+    draft = torch.randn(10, 96) * 3
+    draft[torch.arange(10), torch.randint(3, 96, (10,))] += 12  # one likely token per depth: a deep main path
+    tree = build_tree(torch.log_softmax(draft, -1), 24, torch.tensor(7))
+    assert tree.max_depth >= WINDOW
+    mask = tree_attention_mask(tree, past, torch.float32)
+    with torch.no_grad():
+        cache = full_length_cache(target)
+        target(prompt, cache=cache)
+        out = target(
+            tree.tokens[None],
+            position_ids=tree_position_ids(tree, past),
+            cache=cache,
+            attention_mask=tree_attention_masks(target, tree.depths, mask),
+            logits_to_keep=0,
+        )
+        paths = [tree.visibility[i].nonzero()[:, 0] for i in range(tree.num_nodes)]
+        plain = [target(torch.cat([prompt, tree.tokens[path][None]], 1)).logits[0, -1] for path in paths]
+        for node in range(tree.num_nodes):
+            torch.testing.assert_close(out.logits[0, node], plain[node], atol=1e-4, rtol=1e-4)
+        if family in SLIDING_FAMILIES:  # the window is what makes it exact: the plain tree mask is wrong here
+            cache.crop(-tree.num_nodes)
+            unwindowed = target(
+                tree.tokens[None], position_ids=tree_position_ids(tree, past), cache=cache, attention_mask=mask
+            ).logits[0]
+            assert max((unwindowed[n] - plain[n]).abs().max() for n in range(tree.num_nodes)) > 1e-2
+            cache.crop(-tree.num_nodes)
+            target(tree.tokens[None], position_ids=tree_position_ids(tree, past), cache=cache,
+                   attention_mask=tree_attention_masks(target, tree.depths, mask))  # fmt: skip
+        # keep the deepest path (not a prefix of the node order) and continue with one token
+        node = max(range(tree.num_nodes), key=lambda i: (len(paths[i]), i))
+        path = paths[node]
+        assert path.tolist() != list(range(len(path)))
+        commit_accepted_path(cache, past, path, path_is_prefix=False)
+        committed = torch.cat([prompt, tree.tokens[path][None]], 1)
+        nxt = torch.tensor([[11]])
+        step = target(nxt, cache=cache, position_ids=torch.tensor([[committed.shape[1]]])).logits[0, -1]
+        fresh = target(torch.cat([committed, nxt], 1)).logits[0, -1]
+        torch.testing.assert_close(step, fresh, atol=1e-4, rtol=1e-4)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# generate: greedy equality and the sampling law, every verifier
+# ---------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("family", FAMILIES)
+def test_greedy_equals_plain_generate(family):
+    target = make_family_target(family)
+    prompt = long_prompt(96)
+    expected = target.generate(prompt, do_sample=False, max_new_tokens=24)
+    taus = []
+    for budget in (6, 32):
+        for verifier in VERIFIERS:
+            drafter = with_oracle(make_family_drafter(target, family), expected)
+            out = target.generate(
+                prompt,
+                do_sample=False,
+                max_new_tokens=24,
+                assistant_model=drafter,
+                tev_config=TEVConfig(budget=budget, verifier=verifier),
+                return_dict_in_generate=True,
+            )
+            assert out.sequences.tolist() == expected.tolist(), (budget, verifier)
+            taus.append(out.tev_stats.tau)
+            # the returned cache continues the sequence like plain decoding (sliding layers at full length)
+            assert out.cache.get_seq_length() == out.sequences.shape[1] - 1
+    assert max(taus) > 3, "the acceptance path was never exercised"
+
+
+# (family, verifiers): Qwen3's tev / predraw laws are tested in test_generation.py; residual is tested here
+SAMPLING_CASES = [("qwen3", ("residual",))] + [(family, VERIFIERS) for family in FAMILIES[1:]]
+
+
+@pytest.mark.parametrize("family,verifiers", SAMPLING_CASES, ids=[case[0] for case in SAMPLING_CASES])
+def test_sampling_law_matches_target(family, verifiers):
+    """The law of the last two of 4 sampled tokens (the first tree after the prefill can emit both) against the
+    target's exact law, per verifier, after a 40-token prompt; the pooled counts must reject a wrong law."""
+    vocab = 4
+    target = make_family_target(family, vocab_size=vocab, num_layers=2, seed=4)
+    with torch.no_grad():
+        target.get_output_embeddings().weight.mul_(0.25)  # several tokens matter at each step
+    prompt = long_prompt(vocab, length=PROMPT_LENGTH)
+    sampling = dict(do_sample=True, temperature=0.9, top_k=0, top_p=1.0)
+    law = exact_last_two_law(target, prompt, LogitsProcessorList([TemperatureLike(0.9)]))
+    drafter = make_family_drafter(target, family)
+    start = prompt.shape[1] + 2
+    pooled, accepted = torch.zeros(vocab, vocab), []
+    torch.manual_seed(1234)
+    for verifier in verifiers:
+        counts = torch.zeros(vocab, vocab)
+        for _ in range(150):
+            out = target.generate(
+                prompt,
+                max_new_tokens=4,
+                assistant_model=drafter,
+                return_dict_in_generate=True,
+                tev_config=TEVConfig(budget=6, verifier=verifier),
+                **sampling,
+            )
+            counts[out.sequences[0, start], out.sequences[0, start + 1]] += 1
+            accepted.append(out.tev_stats.accepted_lengths[0])
+        assert chi_square_pvalue(counts, law) > 1e-3, verifier
+        pooled += counts
+    assert sum(a >= 3 for a in accepted) > 10 * len(verifiers), "depth-2 paths were never accepted: no power"
+    # the test has power: a slightly different law (temperature 1.5) is rejected
+    wrong = exact_last_two_law(target, prompt, LogitsProcessorList([TemperatureLike(1.5)]))
+    assert chi_square_pvalue(pooled, wrong) < 1e-3
