@@ -640,6 +640,7 @@ def _check_supported(model, drafter, input_ids, generation_config, tev_config, m
                 "`attention_mask` masks the prompt's last token (right padding or an empty prompt); "
                 "tree decoding takes a left-padded prompt whose last token is real."
             )
+    check_tree_layers(model)  # target layers that cannot branch in a tree pass, before their cache is looked at
     cache = model_kwargs.get("cache")
     if cache is not None:
         # an empty sliding layer is made full-length; a dummy layer is one that reuses another's K/V (Gemma 4)
@@ -659,8 +660,7 @@ def _check_supported(model, drafter, input_ids, generation_config, tev_config, m
                 "a cache, pass the whole sequence (the cache holds all of it but at least the last token, like "
                 "the cache generate returns)."
             )
-    # 4. Drafter and target together; target layers that cannot branch in a tree pass.
-    check_tree_layers(model)
+    # 4. Drafter and target together.
     if drafter is not None:
         drafter.check_target(model)
     if drafter is not None and tev_config.block_size is not None and tev_config.block_size > drafter.config.block_size:

@@ -262,6 +262,12 @@ class DFlashDraftModel(PreTrainedModel):
             problems.append(
                 f"mask_token_id {cfg.mask_token_id} outside the target's {embeddings.weight.shape[0]} embeddings"
             )
+        target_cap = getattr(text_config, "final_logit_softcapping", None) or None
+        if (cfg.final_logit_softcapping or None) not in (None, target_cap):
+            problems.append(
+                f"final_logit_softcapping: drafter {cfg.final_logit_softcapping}, target {target_cap} (the drafter's "
+                "marginals get the target's own capping)"
+            )
         if cfg.num_target_layers is not None and cfg.num_target_layers != text_config.num_hidden_layers:
             problems.append(
                 f"layers: drafter built for {cfg.num_target_layers} target layers, target has "
@@ -322,6 +328,7 @@ class DFlashDraftModel(PreTrainedModel):
                 else [int(i) for i in target_layer_ids]
             ),
             mask_token_id=default_mask_token_id(tc) if mask_token_id is None else mask_token_id,
+            final_logit_softcapping=getattr(tc, "final_logit_softcapping", None),
         )
         drafter = cls._from_config(config, dtype=target.dtype).to(target.device)
         drafter.check_target(target)

@@ -20,7 +20,7 @@ from transformers.models.gemma4 import Gemma4ForCausalLM, Gemma4TextConfig
 from transformers.models.gemma4_unified import Gemma4UnifiedConfig, Gemma4UnifiedForConditionalGeneration
 
 from hf_tev import DFlashDraftModel, TEVConfig
-from hf_tev.generation import DynamicCache, commit_accepted_path
+from hf_tev.generation import commit_accepted_path
 from hf_tev.target_layers import full_length_cache, tree_attention_masks
 from hf_tev.tree import build_tree, tree_attention_mask, tree_position_ids
 
@@ -240,3 +240,129 @@ def test_sampling_law_matches_target(family, verifiers):
     # the test has power: a different law (temperature 0.6) is rejected
     wrong = exact_last_two_law(target, prompt, LogitsProcessorList([TemperatureLike(0.6)]))
     assert chi_square_pvalue(pooled, wrong) < 1e-3
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The released drafters' layouts: each family's export loads strictly and decodes (tree and native chain path)
+# ---------------------------------------------------------------------------------------------------------
+# Field values of each release that differ from the Qwen3-8B export (SPEC section 2), dimensions tiny. Every
+# release is a Qwen3-style `DFlashDraftModel` (`model_type: "qwen3"`), whatever the target family.
+RELEASED_LAYOUTS = {
+    # z-lab/Qwen3-{4B,8B}-DFlash-b16, husj576/TEV-qwen3-{4B,8B}: block_size at the top level
+    "qwen3": {},
+    # z-lab/Qwen3-Coder-30B-A3B-DFlash: a dense drafter for the MoE target
+    "qwen3_moe": {"rope_theta": 10000000.0},
+    # z-lab/LLaMA3.1-8B-Instruct-DFlash-UltraChat, husj576/TEV-llama31-8B: block 10, llama3 rope, EOS list
+    "llama31": {
+        "block_size": 10,
+        "rope_theta": 500000.0,
+        "rope_scaling": {
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 64,
+            "rope_type": "llama3",
+        },
+        "eos_token_id": [2, 3],
+    },
+    # z-lab/gemma4-12B-it-DFlash (and the Gemma 3 export): Gemma's activation, block_size inside dflash_config,
+    # the target's final soft-capping copied
+    "gemma": {
+        "hidden_act": "gelu_pytorch_tanh",
+        "rope_theta": 1000000.0,
+        "final_logit_softcapping": 30.0,
+        "block_size": None,
+        "dflash_config": {"block_size": 16},
+    },
+}
+
+
+def released_checkpoint(folder, layout: str):
+    from test_dflash_model import published_config, published_weights, write_checkpoint
+
+    config = published_config(num_layers=1, num_target_layers=4, target_layer_ids=(1,), mask_token_id=95, block_size=16)
+    for key, value in RELEASED_LAYOUTS[layout].items():
+        if value is None:
+            config.pop(key)
+        elif key == "dflash_config":
+            config[key] |= value
+        else:
+            config[key] = value
+    return write_checkpoint(folder / layout, config, published_weights(num_layers=1, num_features=1))
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_released_layout_loads_strictly_and_decodes(family, tmp_path):
+    layout = "gemma" if family.startswith("gemma") else family
+    drafter = DFlashDraftModel.from_pretrained(released_checkpoint(tmp_path, layout))
+    assert drafter.config.block_size == (10 if family == "llama31" else 16)
+    target = make_family_target(family)
+    drafter.check_target(target)
+    prompt = long_prompt(96)
+    expected = target.generate(prompt, do_sample=False, max_new_tokens=12)
+    out = target.generate(
+        prompt, do_sample=False, max_new_tokens=12, assistant_model=drafter, tev_config=TEVConfig(budget=8)
+    )
+    assert out.tolist() == expected.tolist()
+    # transformers' own DFlash chain path on the same drafter
+    native = target.generate(
+        prompt, do_sample=False, max_new_tokens=12, assistant_model=drafter, speculation_type="dflash"
+    )
+    assert native.tolist() == expected.tolist()
+
+
+def test_gemma_softcapping_is_applied_to_draft_marginals_and_checked():
+    target = make_family_target("gemma4")
+    drafter = make_family_drafter(target, "gemma4")
+    assert drafter.config.final_logit_softcapping == 30.0
+    generator = torch.Generator().manual_seed(0)
+    features = torch.randn(1, 5, 32, generator=generator)
+    block = torch.tensor([[7] + [drafter.config.mask_token_id] * 7])
+    with torch.no_grad():
+        capped = drafter.draft_logits(target, features, block, torch.arange(13)[None])
+    assert capped.abs().max() < 30.0 and capped.abs().max() > 1.0
+    drafter.config.final_logit_softcapping = 20.0
+    with pytest.raises(ValueError, match="final_logit_softcapping"):
+        drafter.check_target(target)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# What cannot branch, and caches that lost tokens
+# ---------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("family", ["qwen3_next", "qwen3_5"])
+def test_linear_attention_hybrids_are_refused_naming_why(family):
+    from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig, Qwen3NextConfig, Qwen3NextForCausalLM
+
+    config_class, model_class = {
+        "qwen3_next": (Qwen3NextConfig, Qwen3NextForCausalLM),
+        "qwen3_5": (Qwen3_5TextConfig, Qwen3_5ForCausalLM),
+    }[family]
+    config = config_class(
+        vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=8,
+    )  # fmt: skip
+    target = model_class(config).eval()
+    with pytest.raises(ValueError, match=r"linear_attention.*(Qwen3.5|Qwen3-Next).*running state"):
+        target.generate(long_prompt(96, length=10), max_new_tokens=4, tev_config=TEVConfig(lookup=True))
+
+
+def test_a_plain_cache_with_filled_sliding_layers_is_refused():
+    target = make_family_target("gemma3")
+    prompt = long_prompt(96)
+    plain = target.generate(prompt, do_sample=False, max_new_tokens=3, return_dict_in_generate=True)
+    with pytest.raises(ValueError, match="sliding-window layer that already holds tokens"):
+        target.generate(
+            plain.sequences, cache=plain.cache, max_new_tokens=3, assistant_model=make_family_drafter(target, "gemma3"),
+            tev_config=TEVConfig(budget=4),
+        )  # fmt: skip
+    # a cache returned by tree decoding continues exactly
+    drafter = make_family_drafter(target, "gemma3")
+    first = target.generate(
+        prompt, do_sample=False, max_new_tokens=5, assistant_model=drafter, tev_config=TEVConfig(budget=8),
+        return_dict_in_generate=True,
+    )  # fmt: skip
+    more = target.generate(
+        first.sequences, cache=first.cache, do_sample=False, max_new_tokens=10, assistant_model=drafter,
+        tev_config=TEVConfig(budget=8),
+    )  # fmt: skip
+    assert more.tolist() == target.generate(prompt, do_sample=False, max_new_tokens=15).tolist()
