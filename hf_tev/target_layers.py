@@ -31,10 +31,14 @@ RECURRENT_LAYER_TYPES = ("linear_attention", "conv", "hybrid", "hybrid_sliding",
 
 
 def layer_types(model) -> list[str]:
-    """The target's decoder layer types (all `full_attention` for configs that do not list them)."""
+    """The target's decoder layer types. Configs that do not list them have one type for every layer: sliding
+    attention when they set a `sliding_window` (Mistral, Mixtral), else full attention (Llama)."""
     text_config = model.config.get_text_config()
     types = getattr(text_config, "layer_types", None)
-    return list(types) if types else ["full_attention"] * text_config.num_hidden_layers
+    if types:
+        return list(types)
+    uniform = "full_attention" if getattr(text_config, "sliding_window", None) is None else "sliding_attention"
+    return [uniform] * text_config.num_hidden_layers
 
 
 def sliding_window(model) -> int | None:
@@ -71,8 +75,10 @@ def check_tree_layers(model) -> None:
 
 
 def tree_attention_masks(model, depths: torch.Tensor, mask: torch.Tensor | None):
-    """The tree pass's mask per layer type: `mask` itself for a target without sliding layers, else
-    `{"full_attention": mask, "sliding_attention": mask within the window}`.
+    """The tree pass's mask per layer type: `mask` itself for a target without sliding layers,
+    `{"full_attention": mask, "sliding_attention": mask within the window}` for a target that lists its layer
+    types, and the windowed mask alone for one whose every layer slides without listing them (Mistral: it takes
+    one mask).
 
     Args:
         depths (`torch.LongTensor` of shape `(N,)`): each tree node's depth (root 0).
@@ -86,7 +92,10 @@ def tree_attention_masks(model, depths: torch.Tensor, mask: torch.Tensor | None)
     query = past + depths.to(mask.device)  # [N] each node's index on its own path
     keys = torch.cat([torch.arange(past, device=mask.device), query])  # [past + N] committed tokens, then the nodes
     outside = query[:, None] - keys[None, :] >= window  # [N, past + N]
-    return {"full_attention": mask, "sliding_attention": mask.masked_fill(outside, torch.finfo(mask.dtype).min)}
+    windowed = mask.masked_fill(outside, torch.finfo(mask.dtype).min)
+    if not getattr(model.config.get_text_config(), "layer_types", None):
+        return windowed
+    return {"full_attention": mask, "sliding_attention": windowed}
 
 
 def full_length_cache(model, cache: DynamicCache | None = None) -> DynamicCache:

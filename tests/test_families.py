@@ -11,6 +11,8 @@ from transformers import (
     LlamaConfig,
     LlamaForCausalLM,
     LogitsProcessorList,
+    MistralConfig,
+    MistralForCausalLM,
     Qwen3Config,
     Qwen3ForCausalLM,
     Qwen3MoeConfig,
@@ -27,7 +29,8 @@ from hf_tev.tree import build_tree, tree_attention_mask, tree_position_ids
 WINDOW = 8
 PROMPT_LENGTH = 40
 FAMILIES = ("qwen3", "qwen3_moe", "llama31", "gemma3", "gemma4", "gemma4_unified")
-SLIDING_FAMILIES = ("gemma3", "gemma4", "gemma4_unified")
+SLIDING_FAMILIES = ("gemma3", "gemma4", "gemma4_unified", "qwen3_sliding", "mistral")
+MORE_WINDOWS = ("qwen3_sliding", "mistral")  # other sliding-window layouts: tree pass and greedy only
 BLOCK_SIZE = {"llama31": 10}  # the released Llama-3.1 drafters draft blocks of 10; the others 16 (8 here: cheaper)
 VERIFIERS = ("tev", "predraw", "residual")
 
@@ -52,6 +55,13 @@ def make_family_target(family: str, vocab_size: int = 96, num_layers: int = 4, s
     pattern = ["sliding_attention"] * (num_layers - 1) + ["full_attention"]
     if family == "qwen3":
         model = Qwen3ForCausalLM(Qwen3Config(**common, tie_word_embeddings=False))
+    elif family == "qwen3_sliding":  # Qwen3's own sliding layers (use_sliding_window, from max_window_layers on)
+        config = Qwen3Config(
+            **common, use_sliding_window=True, sliding_window=WINDOW, max_window_layers=1, tie_word_embeddings=False
+        )
+        model = Qwen3ForCausalLM(config)
+    elif family == "mistral":  # every layer slides, no layer_types: the model takes one mask
+        model = MistralForCausalLM(MistralConfig(**common, sliding_window=WINDOW, tie_word_embeddings=False))
     elif family == "qwen3_moe":  # Qwen3-Coder-30B-A3B's family: routed experts in every layer
         model = Qwen3MoeForCausalLM(
             Qwen3MoeConfig(
@@ -115,7 +125,7 @@ def long_prompt(vocab_size: int, seed: int = 5, length: int = PROMPT_LENGTH) -> 
 # ---------------------------------------------------------------------------------------------------------
 # The tree pass itself: every node's logits are the target's on its own path, and the kept path is a cache
 # ---------------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", FAMILIES + MORE_WINDOWS)
 def test_tree_pass_equals_path_forwards_past_the_window(family):
     target = make_family_target(family)
     prompt = long_prompt(96)
@@ -165,7 +175,7 @@ def test_tree_pass_equals_path_forwards_past_the_window(family):
 # ---------------------------------------------------------------------------------------------------------
 # generate: greedy equality and the sampling law, every verifier
 # ---------------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", FAMILIES + MORE_WINDOWS)
 def test_greedy_equals_plain_generate(family):
     target = make_family_target(family)
     prompt = long_prompt(96)
