@@ -649,7 +649,8 @@ def _check_supported(model, drafter, input_ids, generation_config, tev_config, m
             raise ValueError(
                 f"hf_tev tree decoding supports a full-attention DynamicCache only, got {type(cache).__name__} "
                 f"with layers {sorted({type(layer).__name__ for layer in cache.layers})} "
-                "(sliding-window, static, quantized and linear-attention caches are not supported)."
+                "(static, quantized and linear-attention caches are not supported; sliding-window layers are kept "
+                "at full length)."
             )
         if getattr(cache, "offloading", False):
             raise ValueError("hf_tev tree decoding does not support an offloaded cache (`cache_implementation`).")

@@ -100,19 +100,25 @@ def tree_attention_masks(model, depths: torch.Tensor, mask: torch.Tensor | None)
 
 def full_length_cache(model, cache: DynamicCache | None = None) -> DynamicCache:
     """The target cache of a tree-decoding call: `cache` (None: a new one) with a full-length `DynamicLayer` for
-    every sliding-window layer; refuses a sliding layer that already holds tokens (its window dropped some)."""
+    every sliding-window layer (holding the same tokens); refuses a sliding layer whose window already dropped
+    tokens (a plain `generate` cache of a context longer than the window)."""
     cache = DynamicCache(config=model.config) if cache is None else cache
     layers = []
     for index, layer in enumerate(cache.layers):
         if isinstance(layer, DynamicSlidingWindowLayer):
-            if layer.is_initialized and layer.keys.shape[-2] > 0:
+            held = layer.keys.shape[-2] if layer.is_initialized else 0
+            if held < layer.cumulative_length:
                 raise ValueError(
-                    f"The cache's layer {index} is a sliding-window layer that already holds tokens: it keeps only "
-                    "the last window of them, and hf_tev's tree decoding needs every layer at full length (the "
-                    "window is applied by the mask). Continue from a cache returned by tree decoding, or start "
-                    "without a cache."
+                    f"The cache's layer {index} is a sliding-window layer that dropped "
+                    f"{layer.cumulative_length - held} of its tokens (it keeps only the last window): hf_tev's tree "
+                    "decoding needs every layer at "
+                    "full length (the window is applied by the mask). Continue from a cache returned by tree "
+                    "decoding, or start without a cache."
                 )
-            layer = DynamicLayer()
+            full = DynamicLayer()
+            if held:
+                full.update(layer.keys, layer.values)
+            layer = full
         layers.append(layer)
     cache.layers = layers
     return cache
