@@ -333,6 +333,14 @@ def test_gemma_softcapping_is_applied_to_draft_marginals_and_checked():
     with torch.no_grad():
         capped = drafter.draft_logits(target, features, block, torch.arange(13)[None])
     assert capped.abs().max() < 30.0 and capped.abs().max() > 1.0
+    # the block is embedded as the target embeds its input: Gemma scales its embeddings by sqrt(hidden)
+    seen = []
+    handle = drafter.register_forward_pre_hook(lambda module, args: seen.append(args[0]))
+    with torch.no_grad():
+        drafter.draft_logits(target, features, block, torch.arange(13)[None])
+    handle.remove()
+    raw = target.get_input_embeddings().weight[block]
+    torch.testing.assert_close(seen[0], raw * 32**0.5)
     drafter.config.final_logit_softcapping = 20.0
     with pytest.raises(ValueError, match="final_logit_softcapping"):
         drafter.check_target(target)
