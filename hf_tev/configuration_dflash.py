@@ -27,7 +27,7 @@ DFLASH_KEYS = ("target_layer_ids", "mask_token_id", "block_size")
 NEUTRAL_VARIANT_FIELDS: dict[str, tuple] = {
     "input_embedding_scale": (1, 1.0),
     "output_multiplier": (1, 1.0),
-    "final_logit_softcapping": (None, 0, 0.0),
+    "final_logit_softcapping": (None, 0, 0.0),  # inside dflash_config; the top-level field is the target's
     "is_causal": (None, False),
     "conv_kernel_size": (None,),
     "conv_group_size": (None,),
@@ -86,6 +86,10 @@ class DFlashConfig(Qwen3Config):
     dflash_config (`dict`, *optional*):
         The published nested form of `target_layer_ids` / `mask_token_id` (and, in newer checkpoints,
         `block_size`). Values found there take precedence over top-level ones, as in the publishers' code.
+    final_logit_softcapping (`float`, *optional*):
+        The target's final logit soft-capping (Gemma), as exports for such targets copy it. The drafter's
+        marginals always get the target's own capping (`draft_logits`); a value here must equal it
+        (`check_target`).
     """
 
     block_size: int = 16
@@ -93,6 +97,7 @@ class DFlashConfig(Qwen3Config):
     mask_token_id: int | None = None
     target_layer_ids: list[int] | None = None
     dflash_config: dict | None = None
+    final_logit_softcapping: float | None = None
 
     def __post_init__(self, **kwargs):
         _refuse_unsupported(self, kwargs)

@@ -30,7 +30,7 @@ import weakref
 from dataclasses import dataclass
 
 import torch
-from transformers.cache_utils import DynamicCache, DynamicLayer
+from transformers.cache_utils import DummyLayer, DynamicCache, DynamicLayer, DynamicSlidingWindowLayer
 from transformers.generation import (
     EncoderNoRepeatNGramLogitsProcessor,
     EncoderRepetitionPenaltyLogitsProcessor,
@@ -70,6 +70,7 @@ from .budget import AcceptanceCalibration, CostAwareBudget, CycleCost
 from .config import TEVConfig, TEVStats, tree_memory_bytes
 from .lookup import ContextIndex, LookupStats, build_merged_tree, lookup_path_logprobs
 from .route import generation_setting
+from .target_layers import check_tree_layers, full_length_cache, tree_attention_masks
 from .tree import TREE_BUILDERS, DraftTree, TreeInputs, chain_tree
 from .verify import VERIFIERS, target_flow
 
@@ -243,11 +244,12 @@ def tree_forward(model, tree: DraftTree, cache, mask: torch.Tensor, position_ids
     """Stage 3: ONE target forward over the tree's tokens with the tree mask, appended to `cache`.
 
     Returns the model output: `logits` `[1, N, V]` of every node and the `hidden_states` the drafter reads.
+    Targets with sliding-window layers get the mask per layer type (`hf_tev.target_layers`).
     """
     return model(
         input_ids=tree.tokens[None],
         position_ids=position_ids,
-        attention_mask=mask,
+        attention_mask=tree_attention_masks(model, tree.depths, mask),
         cache=cache,
         output_hidden_states=hidden_indices,
         logits_to_keep=0,
@@ -379,6 +381,8 @@ def commit_accepted_path(cache: DynamicCache, past: int, path: torch.Tensor, pat
     if not path_is_prefix:
         index = past + path
         for layer in cache.layers:
+            if layer.keys is None:  # a KV-sharing layer (Gemma 4) that stores nothing of its own
+                continue
             layer.keys[:, :, past : past + kept] = layer.keys.index_select(2, index)
             layer.values[:, :, past : past + kept] = layer.values.index_select(2, index)
     excess = cache.get_seq_length() - (past + kept)
@@ -546,6 +550,10 @@ def _is_set(value) -> bool:
     return value is not None
 
 
+def _is_unset(value) -> bool:
+    return value is None or (isinstance(value, dict) and not value)
+
+
 # generate options (GenerationConfig fields) tree decoding refuses: (field, refused when, what the option asks for)
 REFUSED_OPTIONS = (
     ("num_beams", lambda v: v not in (None, 1), "beam search (tree decoding keeps one sequence: num_beams=1)"),
@@ -609,7 +617,8 @@ def _check_supported(model, drafter, input_ids, generation_config, tev_config, m
             "`inputs_embeds` is not supported by hf_tev's tree decoding (the drafter reads the target's features "
             "of token ids): pass `input_ids`."
         )
-    unknown = sorted(k for k, v in model_kwargs.items() if v is not None and k not in MODEL_KWARGS)
+    # generate sets `mm_encoder_outputs={}` (no pre-encoded images/audio) for a multimodal wrapper's text prompt
+    unknown = sorted(k for k, v in model_kwargs.items() if not _is_unset(v) and k not in MODEL_KWARGS)
     if unknown:
         raise ValueError(
             f"hf_tev's tree decoding does not pass {unknown} to the target's forward (it decodes text input_ids "
@@ -631,13 +640,17 @@ def _check_supported(model, drafter, input_ids, generation_config, tev_config, m
                 "`attention_mask` masks the prompt's last token (right padding or an empty prompt); "
                 "tree decoding takes a left-padded prompt whose last token is real."
             )
+    check_tree_layers(model)  # target layers that cannot branch in a tree pass, before their cache is looked at
     cache = model_kwargs.get("cache")
     if cache is not None:
-        if type(cache) is not DynamicCache or any(type(layer) is not DynamicLayer for layer in cache.layers):
+        # an empty sliding layer is made full-length; a dummy layer is one that reuses another's K/V (Gemma 4)
+        layer_classes = (DynamicLayer, DynamicSlidingWindowLayer, DummyLayer)
+        if type(cache) is not DynamicCache or any(type(layer) not in layer_classes for layer in cache.layers):
             raise ValueError(
                 f"hf_tev tree decoding supports a full-attention DynamicCache only, got {type(cache).__name__} "
                 f"with layers {sorted({type(layer).__name__ for layer in cache.layers})} "
-                "(sliding-window, static, quantized and linear-attention caches are not supported)."
+                "(static, quantized and linear-attention caches are not supported; sliding-window layers are kept "
+                "at full length)."
             )
         if getattr(cache, "offloading", False):
             raise ValueError("hf_tev tree decoding does not support an offloaded cache (`cache_implementation`).")
@@ -717,8 +730,7 @@ def tree_speculative_decode(
     tev_config = TEVConfig() if tev_config is None else TEVConfig.coerce(tev_config)
     _check_supported(model, drafter, input_ids, generation_config, tev_config, model_kwargs)
     logits_processor = processors_for_tree(logits_processor)
-    cache = model_kwargs.get("cache")
-    cache = DynamicCache(config=model.config) if cache is None else cache
+    cache = full_length_cache(model, model_kwargs.get("cache"))  # sliding layers at full length, windowed by mask
     device, do_sample = input_ids.device, generation_config.do_sample
     verify = VERIFIERS[tev_config.verifier if do_sample else "greedy"]
     generator = None if tev_config.seed is None else torch.Generator(device=device).manual_seed(tev_config.seed)

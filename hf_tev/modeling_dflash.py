@@ -237,7 +237,11 @@ class DFlashDraftModel(PreTrainedModel):
             cache.crop(-block_ids.shape[1])  # a view: only context K/V remain, no copy
         head = target.get_output_embeddings()
         rows = block_rows[:, 1 : 1 + (depths if num_depths is None else num_depths)]
-        return head(rows.to(device=head.weight.device, dtype=head.weight.dtype))
+        logits = head(rows.to(device=head.weight.device, dtype=head.weight.dtype))
+        cap = getattr(target.config.get_text_config(), "final_logit_softcapping", None)
+        if cap:  # the target's own final soft-capping (Gemma), as its logits and the drafter's training have it
+            logits = torch.tanh(logits / cap) * cap
+        return logits
 
     def check_target(self, target) -> None:
         """Raise ValueError naming every way this drafter does not fit `target`."""
@@ -257,6 +261,12 @@ class DFlashDraftModel(PreTrainedModel):
         elif not 0 <= cfg.mask_token_id < embeddings.weight.shape[0]:
             problems.append(
                 f"mask_token_id {cfg.mask_token_id} outside the target's {embeddings.weight.shape[0]} embeddings"
+            )
+        target_cap = getattr(text_config, "final_logit_softcapping", None) or None
+        if (cfg.final_logit_softcapping or None) not in (None, target_cap):
+            problems.append(
+                f"final_logit_softcapping: drafter {cfg.final_logit_softcapping}, target {target_cap} (the drafter's "
+                "marginals get the target's own capping)"
             )
         if cfg.num_target_layers is not None and cfg.num_target_layers != text_config.num_hidden_layers:
             problems.append(
@@ -294,18 +304,19 @@ class DFlashDraftModel(PreTrainedModel):
         """
         tc = target.config.get_text_config()
         _check_from_target_arguments(tc, target, num_layers, block_size, mask_token_id, target_layer_ids)
+        heads = _base_attribute(tc, "num_attention_heads")
         config = DFlashConfig(
             vocab_size=target.get_output_embeddings().weight.shape[0],
             hidden_size=tc.hidden_size,
-            intermediate_size=tc.intermediate_size,
+            intermediate_size=_base_attribute(tc, "intermediate_size"),
             num_hidden_layers=num_layers,
-            num_attention_heads=tc.num_attention_heads,
-            num_key_value_heads=getattr(tc, "num_key_value_heads", None) or tc.num_attention_heads,
-            head_dim=getattr(tc, "head_dim", None) or tc.hidden_size // tc.num_attention_heads,
-            hidden_act=tc.hidden_act,
+            num_attention_heads=heads,
+            num_key_value_heads=_base_attribute(tc, "num_key_value_heads") or heads,
+            head_dim=_base_attribute(tc, "head_dim") or tc.hidden_size // heads,
+            hidden_act=_base_attribute(tc, "hidden_act") or tc.hidden_activation,  # Gemma: `hidden_activation`
             max_position_embeddings=tc.max_position_embeddings,
             rms_norm_eps=tc.rms_norm_eps,
-            rope_parameters=dict(tc.rope_parameters),
+            rope_parameters=_full_attention_rope(tc.rope_parameters),
             bos_token_id=tc.bos_token_id,
             eos_token_id=tc.eos_token_id,
             pad_token_id=tc.pad_token_id,
@@ -317,6 +328,7 @@ class DFlashDraftModel(PreTrainedModel):
                 else [int(i) for i in target_layer_ids]
             ),
             mask_token_id=default_mask_token_id(tc) if mask_token_id is None else mask_token_id,
+            final_logit_softcapping=getattr(tc, "final_logit_softcapping", None),
         )
         drafter = cls._from_config(config, dtype=target.dtype).to(target.device)
         drafter.check_target(target)
@@ -355,6 +367,26 @@ class DFlashDraftModel(PreTrainedModel):
                 "describes: " + "; ".join(problems)
             )
         return (model, info) if want_info else model
+
+
+def _base_attribute(text_config, name: str):
+    """A text-config attribute as one value for the drafter's uniform layers (None when the config has none).
+
+    Gemma 4 keeps some attributes per layer (`per_layer_config[i].head_dim`: the full-attention layers' differ)
+    and refuses global access to them; the drafter then takes the config's own base value, the one every layer
+    without an override (the sliding-window layers) uses.
+    """
+    if name in getattr(text_config, "__dict__", {}):
+        return text_config.__dict__[name]
+    return getattr(text_config, name, None)
+
+
+def _full_attention_rope(rope_parameters: dict) -> dict:
+    """The rope parameters of the target's full-attention layers (Gemma 3/4 keep one set per layer type): the
+    drafter attends over the whole context, as those layers do."""
+    if "full_attention" in rope_parameters and isinstance(rope_parameters["full_attention"], dict):
+        return dict(rope_parameters["full_attention"])
+    return dict(rope_parameters)
 
 
 def default_mask_token_id(text_config) -> int:

@@ -262,7 +262,7 @@ def exact_last_two_law(target, prompt, warpers, new_tokens=4):
     target's own sampling with `warpers`. With 4 new tokens the first cycle after the prefill drafts a tree of
     depth 2 whose accepted path can emit both tokens, so tree verification itself is on trial."""
     with torch.no_grad():
-        vocab = target.config.vocab_size
+        vocab = target.get_output_embeddings().weight.shape[0]
         sequences, mass = prompt, torch.ones(1, dtype=torch.float64)  # every prefix and its probability
         for step in range(new_tokens):
             probs = torch.softmax(warpers(sequences, target(sequences).logits[:, -1].float()), -1).double()

@@ -17,6 +17,7 @@ from ..generation import (
     tree_forward,
     verifier_stage,
 )
+from ..target_layers import full_length_cache
 from ..tree import TreeInputs
 from ..verify import VERIFIERS
 
@@ -41,8 +42,6 @@ def same_tree_verifier_stage(
     Returns:
         `dict[str, list[float]]`: verifier name -> seconds per cycle (one entry per cycle, all prompts).
     """
-    from transformers import DynamicCache
-
     device = target.get_input_embeddings().weight.device
     generator = torch.Generator(device=device).manual_seed(seed)
     driver = "tev" if "tev" in verifiers else verifiers[-1]
@@ -52,7 +51,7 @@ def same_tree_verifier_stage(
     clock = StageClock(device)
     for input_ids in prompts:
         candidates = DFlashTreeCandidateGenerator(drafter, target, TEVConfig(budget=budget))
-        cache = DynamicCache(config=target.config)
+        cache = full_length_cache(target)  # sliding-window layers at full length, as the decoder keeps them
         raw, features, positions, _ = prefill(target, drafter, input_ids, cache)
         candidates.update_candidate_strategy(features, positions)
         root = next_token(logits_processor(input_ids, raw), True, generator)
