@@ -2,7 +2,11 @@
 teachers against direct target forwards, the loss, training (loss down, rollouts refreshed at the knob's interval,
 their tau logged), save / reload / resume, the model card, `hf-tev train --objective opd`, bad knobs."""
 
+import json
+import os
+import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -244,3 +248,50 @@ def test_hf_tev_train_objective_opd(tmp_path):
     assert summary(result)["steps"] == 2
     assert "opd_rollout_tau" in result.stdout and "loss_opd" in result.stdout  # the logged metrics
     assert "Draft-OPD" in (out / "README.md").read_text()
+
+
+DDP_SCRIPT = """
+import json, sys, torch
+from conftest import make_target
+from hf_tev.modeling_dflash import DFlashDraftModel
+from hf_tev.training import ExitTrainer, ExitTrainingArguments
+
+out = sys.argv[1]
+target = make_target("qwen3")
+torch.manual_seed(0)
+drafter = DFlashDraftModel.from_target(target, num_layers=1, block_size=4)
+generator = torch.Generator().manual_seed(1)
+rows = [{"input_ids": torch.randint(3, 96, (12,), generator=generator).tolist(), "prompt_length": 2}
+        for _ in range(8)]
+args = ExitTrainingArguments(output_dir=out, use_cpu=True, ddp_backend="gloo", max_steps=2, objective="opd",
+                             per_device_train_batch_size=2, tree_budget=4, anchors_per_sequence=2,
+                             opd_refresh_steps=1, opd_rollout_max_new_tokens=6, report_to=[], disable_tqdm=True,
+                             save_strategy="no", logging_steps=1)
+trainer = ExitTrainer(model=drafter, target_model=target, args=args, train_dataset=rows)
+trainer.train()
+checksum = sum(p.double().sum().item() for p in drafter.parameters())
+with open(f"{out}/rank{args.process_index}.json", "w") as f:
+    json.dump({"wrapped": type(trainer.model_wrapped).__name__, "checksum": checksum,
+               "prompts": [r.input_ids[: r.prompt_length] for r in trainer._opd_rollouts],
+               "tau": [e["opd_rollout_tau"] for e in trainer.state.log_history if "opd_rollout_tau" in e]}, f)
+"""
+
+
+def test_two_process_ddp_rollouts_differ_and_replicas_stay_in_sync(tmp_path):
+    script, out = tmp_path / "ddp_opd.py", tmp_path / "out"
+    script.write_text(DDP_SCRIPT)
+    out.mkdir()
+    tests = Path(__file__).resolve().parent
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": os.pathsep.join([str(tests.parent), str(tests), os.environ.get("PYTHONPATH", "")]),
+    }
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(script)]
+    result = subprocess.run([*command, str(out)], env=env, capture_output=True, text=True, timeout=240)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert all(r["wrapped"] == "DistributedDataParallel" for r in ranks)
+    assert ranks[0]["checksum"] == pytest.approx(ranks[1]["checksum"], rel=1e-6)  # replicas stayed in sync
+    assert ranks[0]["prompts"] != ranks[1]["prompts"]  # each process rolled out its own prompts
+    assert ranks[0]["tau"] == pytest.approx(ranks[1]["tau"])  # the logged tau is averaged across processes
