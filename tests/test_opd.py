@@ -75,15 +75,18 @@ def logged(trainer, key, after_step=0):
 
 
 def test_cycles_follow_the_block_lengths():
-    # Prompt of 3: the first root is position 3; blocks of 2, 1, 4 (depth 3 = all accepted), then a last block of
-    # 3 cut by the token limit (10 new tokens: positions 3..12).
+    # Prompt of 3, 10 new tokens (positions 3..12): the first root is position 3 (the prefill's token); blocks of
+    # 2, 1, 4 (depth 3: all accepted) and 2 tokens follow.
     sequence = list(range(13))
-    rollout = rollout_from_lengths(sequence, 3, [2, 1, 4, 3], depth=3, max_new_tokens=10)
-    assert rollout.anchors == [3, 5, 6, 10] and rollout.accepted == [1, 0, 3, 2]
-    # A rejection was exposed where fewer than the depth were accepted and the bonus lies inside the sequence;
-    # the last cycle's tree could be at most 3 + 10 - 10 - 2 = 1 deep... it accepted 2 of a 1-deep cap: none.
+    rollout = rollout_from_lengths(sequence, 3, [2, 1, 4, 2], depth=3, max_new_tokens=10)
+    assert rollout.anchors == [3, 5, 6, 10] and rollout.accepted == [1, 0, 3, 1]
+    # An error was exposed where fewer drafted tokens than the tree could hold were accepted. The last tree, at
+    # anchor 10, could only be 3 + 10 - 10 - 2 = 1 deep (the token limit): accepting 1 exposed nothing.
     assert rollout.rejected == [True, True, False, False]
-    assert rollout.block_lengths == [2, 1, 4, 3]
+    assert rollout.block_lengths == [2, 1, 4, 2]
+    # A sequence cut by EOS inside the last block: its bonus position is past the end, no error exposed.
+    cut = rollout_from_lengths(list(range(8)), 3, [2, 3], depth=3, max_new_tokens=10)
+    assert cut.rejected == [True, False]
 
 
 def test_rollouts_are_the_targets_own_greedy_output(target):
