@@ -474,7 +474,10 @@ class ExitTrainer(Trainer):
     drafted nodes (raw target softmax at temperature 1, with the context the tree loss uses). It is the tau an
     exact verifier would reach on those trees, not a decoding measurement. Steps where no tree was built
     (no anchor with a full horizon) leave both tree metrics out of the averages; a logging window without
-    any tree does not log them.
+    any tree does not log them. Objective `"opd"` logs `loss_dflash` (when `ce_weight` > 0), `loss_opd`,
+    `loss_opd_accept`, `loss_opd_reject` (the two streams of the Draft-OPD loss, left out when a batch has none)
+    and `opd_rollout_tau`, the mean block length of the current rollouts (the decoded tau of the drafter that made
+    them); its `eval_loss` is the standard objective's cross-entropy.
 
     Evaluation: `eval_loss`, `eval_loss_dflash` (and the tree metrics) on anchors that are drawn the same at every
     evaluation, and `eval_tau`, the mean accepted block length (accepted draft tokens + 1) of real tree decoding
