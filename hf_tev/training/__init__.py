@@ -6,6 +6,8 @@
   `CachedFeatureDataset`): the standard objective then trains without target forwards;
 - `batch`: anchors, block labels and the masks of the shared drafter forward and the batched tree pass;
 - `trainer`: `ExitTrainingArguments` (every knob) and `ExitTrainer` (a `transformers.Trainer`);
+- `opd`: Draft-OPD (`objective="opd"`): tree-decoded rollouts (`collect_rollouts`, `Rollout`), the replay of the
+  drafter's blocks at their cycles with the target as teacher, and the acceptance-aware loss (`opd_loss`);
 - `hub`: the model card (template `drafter_card.md`, package data; the measured eval tau in its metadata) and
   the Hub upload;
 - `cli`: `hf-tev train` / `python -m hf_tev.train` (`ExitScriptArguments` + `ExitTrainingArguments`).
@@ -33,7 +35,8 @@ from .hub import (
     trainer_eval_tau,
     trainer_model_card,
 )
-from .trainer import TREE_ANCHORS, ExitTrainer, ExitTrainingArguments, decoded_block_lengths
+from .opd import Rollout, collect_rollouts, opd_loss
+from .trainer import TRAINING_OBJECTIVES, TREE_ANCHORS, ExitTrainer, ExitTrainingArguments, decoded_block_lengths
 
 __all__ = [
     "CONTEXT_FEATURES",
@@ -41,21 +44,25 @@ __all__ = [
     "LOSS_MASK",
     "OBJECTIVE_DESCRIPTIONS",
     "PROMPT_LENGTH",
+    "TRAINING_OBJECTIVES",
     "TREE_ANCHORS",
     "CachedFeatureDataset",
     "ExitDataCollator",
     "ExitTrainer",
     "ExitTrainingArguments",
     "FeatureCache",
+    "Rollout",
     "block_attention_mask",
     "block_labels",
     "card_metadata",
     "check_dataset",
     "check_rows",
+    "collect_rollouts",
     "compute_context_features",
     "decoded_block_lengths",
     "generate_training_data",
     "is_hub_id",
+    "opd_loss",
     "render_model_card",
     "row_tensors",
     "sample_anchors",

@@ -38,6 +38,7 @@ OBJECTIVE_TITLES = {
     "exit": "ExitTrain, exit-weighted tree loss",
     "prefix": "prefix-weighted tree loss",
     "dflash": "standard DFlash objective",
+    "opd": "Draft-OPD, on-policy distillation",
 }
 OBJECTIVE_DESCRIPTIONS = {
     "exit": "ExitTrain: a cross-entropy of every block position against the target-written continuation plus "
@@ -48,6 +49,11 @@ OBJECTIVE_DESCRIPTIONS = {
     "prefix-weight ablation).",
     "dflash": "the standard DFlash objective alone: cross-entropy of every block position against the "
     'target-written continuation ("finetuned DFlash").',
+    "opd": "Draft-OPD (on-policy distillation, Lei et al. 2026): rollouts by tree decoding with the target "
+    "verifying this drafter's trees, its blocks replayed at the rollouts' cycles with the target's distributions "
+    "as the teacher (forward KL at the accepted depths, position-decayed reverse KL at the rejected ones, where "
+    "the teacher sees the drafter's own proposals), plus `ce_weight` times the standard DFlash cross-entropy on "
+    "the target-written continuations.",
 }
 
 
@@ -328,8 +334,13 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
 
 def _knob_value(objective: str, knobs: Mapping[str, Any], name: str) -> str:
     value = knobs[name]
-    unused = (objective == "dflash" and name in TREE_KNOBS) or (
-        name == "gamma" and not ce_decays(objective, knobs.get("ce_decay"))
+    # Objective "opd" uses the standard objective's cross-entropy, and tree_budget only as the rollouts' budget.
+    ce_objective = "dflash" if objective == "opd" else objective
+    unused = (
+        (objective == "dflash" and name in TREE_KNOBS)
+        or (objective == "opd" and name in TREE_KNOBS and name != "tree_budget")
+        or (objective != "opd" and name.startswith("opd_"))
+        or (name == "gamma" and not ce_decays(ce_objective, knobs.get("ce_decay")))
     )
     return f"{value} (unused)" if unused else str(value)
 
@@ -337,15 +348,23 @@ def _knob_value(objective: str, knobs: Mapping[str, Any], name: str) -> str:
 def _loss_details(objective: str, knobs: Mapping[str, Any]) -> str:
     """What the recorded knobs mean for this run, one bullet each (only for the knobs given)."""
     lines = []
-    if objective in ("exit", "prefix", "dflash") and ("ce_decay" in knobs or "gamma" in knobs):
-        if ce_decays(objective, knobs.get("ce_decay")):
+    if objective in ("exit", "prefix", "dflash", "opd") and ("ce_decay" in knobs or "gamma" in knobs):
+        if ce_decays("dflash" if objective == "opd" else objective, knobs.get("ce_decay")):
             lines.append(
                 f"- cross-entropy: position `k` weighted `exp(-(k-1)/gamma)`, gamma = {knobs.get('gamma')}, "
                 "normalised by the weight sum"
             )
         else:
             lines.append("- cross-entropy: plain mean over the supervised block positions (no position decay)")
-    if objective != "dflash":
+    if objective == "opd" and "opd_weight" in knobs:
+        lines.append(
+            f"- total loss = {knobs.get('ce_weight')} * cross-entropy + {knobs['opd_weight']} * Draft-OPD loss; "
+            f"Draft-OPD = ({knobs.get('opd_accept_weight')} * forward KL at accepted depths + "
+            f"{knobs.get('opd_reject_weight')} * reverse KL at rejected depths, decay "
+            f"{knobs.get('opd_reject_decay')}) / the weights' sum; rollouts refreshed every "
+            f"{knobs.get('opd_refresh_steps')} steps at temperature {knobs.get('opd_rollout_temperature')}"
+        )
+    if objective in ("exit", "prefix"):
         if "tree_normalization" in knobs:
             lines.append(
                 "- tree loss: "

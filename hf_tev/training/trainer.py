@@ -47,6 +47,7 @@ process holds its own frozen copy of the target (not wrapped by DDP). On CPU, `t
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 import os
 from collections import defaultdict
@@ -67,6 +68,19 @@ from . import hub
 from .batch import block_attention_mask, block_labels, sample_anchors, tree_batch_inputs
 from .data import CONTEXT_FEATURES, ExitDataCollator, _encode_prompt, _pad_token_id, check_rows, row_tensors
 from .features import CachedFeatureDataset
+from .opd import (
+    OPDLoss,
+    Rollout,
+    accepted_depths,
+    collect_rollouts,
+    opd_loss,
+    replay_chains,
+    replay_teacher_logits,
+    rollout_batch,
+)
+
+# The objectives the trainer knows: the exit_loss ones, and "opd" (Draft-OPD, `opd.py`: rollouts + replay).
+TRAINING_OBJECTIVES = (*OBJECTIVES, "opd")
 
 # Which anchors get a tree: those whose whole horizon (block_size - 1 following tokens) is supervised and
 # inside the sequence (the authors' released code), or every anchor.
@@ -88,7 +102,9 @@ class ExitTrainingArguments(TrainingArguments):
     Parameters:
         objective (`str`, *optional*, defaults to `"exit"`):
             `"exit"`: tree loss with exit weight `w(v) * depth(v)` (ExitTrain); `"prefix"`: tree loss with
-            prefix weight `P(v)`; `"dflash"`: the standard DFlash objective alone (no trees are built).
+            prefix weight `P(v)`; `"dflash"`: the standard DFlash objective alone (no trees are built);
+            `"opd"`: Draft-OPD (on-policy distillation on tree-decoded rollouts, the `opd_*` knobs below) plus
+            `ce_weight` times the standard DFlash objective on the training rows.
         tree_budget (`int`, *optional*, defaults to `32`):
             Drafted nodes (root excluded) of the inference-time tree built for every tree anchor.
         ce_weight (`float`, *optional*, defaults to `1.0`):
@@ -140,6 +156,28 @@ class ExitTrainingArguments(TrainingArguments):
             prompt from `seed` (every evaluation draws the same).
         eval_tau_max_new_tokens (`int`, *optional*, defaults to `64`):
             Tokens decoded per prompt (fewer when the target emits EOS).
+        opd_weight (`float`, *optional*, defaults to `1.0`):
+            `objective="opd"`: weight of the Draft-OPD loss; the total is `ce_weight * CE + opd_weight * OPD`
+            (CE: the standard DFlash objective on the training rows; `ce_weight=0` is the paper's OPD stage).
+        opd_accept_weight (`float`, *optional*, defaults to `1.0`), opd_reject_weight (`float`, *optional*,
+            defaults to `1.0`): the weights of the accepted stream (forward KL) and of the rejected stream
+            (reverse KL) inside the OPD loss (the paper's lambda_acc, lambda_rej).
+        opd_reject_decay (`float`, *optional*, defaults to `0.8`):
+            Position decay of the rejected stream: depth `k` of a cycle with `n` accepted has weight
+            `decay^(k - n - 1)` (the paper's gamma).
+        opd_refresh_steps (`int`, *optional*, defaults to `4`):
+            Optimizer steps between two rollout refreshes: the rollouts are regenerated with the current drafter
+            every this many steps (1: fully on-policy, a new rollout batch every step).
+        opd_rollouts (`int` or `None`, *optional*, defaults to `None`):
+            Prompts rolled out per refresh and process; `None`: `per_device_train_batch_size *
+            gradient_accumulation_steps * opd_refresh_steps` (every rollout trained on once per refresh).
+            The prompts are those of the training rows (tokens before the first supervised one), in a seeded order.
+        opd_rollout_budget (`int` or `None`, *optional*, defaults to `None`):
+            Tree budget of the rollouts' tree decoding; `None`: `tree_budget`.
+        opd_rollout_temperature (`float`, *optional*, defaults to `1.0`):
+            Temperature of the rollouts: 0 greedy, above 0 pure sampling (seeded per refresh and prompt).
+        opd_rollout_max_new_tokens (`int`, *optional*, defaults to `64`):
+            Tokens generated per rollout (fewer at EOS).
     """
 
     # The ExitTrain knobs, recorded in the model card.
@@ -156,6 +194,15 @@ class ExitTrainingArguments(TrainingArguments):
         "tree_anchors",
         "tree_context_window",
         "max_length",
+        "opd_weight",
+        "opd_accept_weight",
+        "opd_reject_weight",
+        "opd_reject_decay",
+        "opd_refresh_steps",
+        "opd_rollouts",
+        "opd_rollout_budget",
+        "opd_rollout_temperature",
+        "opd_rollout_max_new_tokens",
     )
     # How the decoded tau of an evaluation is measured (recorded in the model card beside the tau).
     eval_names: ClassVar[tuple[str, ...]] = (
@@ -170,7 +217,7 @@ class ExitTrainingArguments(TrainingArguments):
         metadata={
             "help": "'exit' (tree loss weighted w(v) * depth(v), ExitTrain), 'prefix' (tree loss weighted "
             "P(v)) or 'dflash' (the standard DFlash objective alone).",
-            "choices": list(OBJECTIVES),
+            "choices": list(TRAINING_OBJECTIVES),
         },
     )
     tree_budget: int = field(
@@ -245,14 +292,47 @@ class ExitTrainingArguments(TrainingArguments):
         default=64, metadata={"help": "Tokens decoded per prompt for eval_tau (fewer at EOS)."}
     )
 
+    opd_weight: float = field(default=1.0, metadata={"help": "objective 'opd': weight of the Draft-OPD loss."})
+    opd_accept_weight: float = field(
+        default=1.0, metadata={"help": "Draft-OPD: weight of the accepted stream (forward KL), lambda_acc."}
+    )
+    opd_reject_weight: float = field(
+        default=1.0, metadata={"help": "Draft-OPD: weight of the rejected stream (reverse KL), lambda_rej."}
+    )
+    opd_reject_decay: float = field(
+        default=0.8, metadata={"help": "Draft-OPD: position decay decay^(k - n - 1) of the rejected stream."}
+    )
+    opd_refresh_steps: int = field(
+        default=4, metadata={"help": "Draft-OPD: optimizer steps between two refreshes of the rollouts."}
+    )
+    opd_rollouts: int | None = field(
+        default=None,
+        metadata={
+            "help": "Draft-OPD: prompts rolled out per refresh and process (None: batch size x gradient "
+            "accumulation x opd_refresh_steps)."
+        },
+    )
+    opd_rollout_budget: int | None = field(
+        default=None, metadata={"help": "Draft-OPD: tree budget of the rollouts (None: tree_budget)."}
+    )
+    opd_rollout_temperature: float = field(
+        default=1.0, metadata={"help": "Draft-OPD: temperature of the rollouts (0 greedy, > 0 seeded sampling)."}
+    )
+    opd_rollout_max_new_tokens: int = field(
+        default=64, metadata={"help": "Draft-OPD: tokens generated per rollout (fewer at EOS)."}
+    )
+
     def __post_init__(self):
-        if self.objective not in OBJECTIVES:
-            raise ValueError(f"objective must be one of {OBJECTIVES}, got {self.objective!r}")
+        if self.objective not in TRAINING_OBJECTIVES:
+            raise ValueError(f"objective must be one of {TRAINING_OBJECTIVES}, got {self.objective!r}")
         if not _is_int(self.tree_budget) or self.tree_budget < 1:
             raise ValueError(f"tree_budget must be an int >= 1, got {self.tree_budget!r}")
         if self.ce_weight < 0 or self.tree_weight < 0:
             raise ValueError(f"ce_weight and tree_weight must be >= 0, got {self.ce_weight} and {self.tree_weight}")
-        active = self.ce_weight if self.objective == "dflash" else self.ce_weight + self.tree_weight
+        if self.objective == "opd":
+            active = self.ce_weight + self.opd_weight
+        else:
+            active = self.ce_weight if self.objective == "dflash" else self.ce_weight + self.tree_weight
         if active <= 0:
             raise ValueError(
                 f"objective {self.objective!r} with ce_weight={self.ce_weight} and "
@@ -286,6 +366,25 @@ class ExitTrainingArguments(TrainingArguments):
             raise ValueError(f"eval_tau_temperature must be >= 0, got {self.eval_tau_temperature}")
         if not _is_int(self.eval_tau_max_new_tokens) or self.eval_tau_max_new_tokens < 1:
             raise ValueError(f"eval_tau_max_new_tokens must be an int >= 1, got {self.eval_tau_max_new_tokens!r}")
+        for name in ("opd_weight", "opd_accept_weight", "opd_reject_weight"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.opd_accept_weight + self.opd_reject_weight <= 0:
+            raise ValueError("opd_accept_weight + opd_reject_weight must be > 0")
+        if not 0 < self.opd_reject_decay <= 1:
+            raise ValueError(f"opd_reject_decay must be in (0, 1], got {self.opd_reject_decay}")
+        if not _is_int(self.opd_refresh_steps) or self.opd_refresh_steps < 1:
+            raise ValueError(f"opd_refresh_steps must be an int >= 1, got {self.opd_refresh_steps!r}")
+        if self.opd_rollouts is not None and (not _is_int(self.opd_rollouts) or self.opd_rollouts < 1):
+            raise ValueError(f"opd_rollouts must be None or an int >= 1, got {self.opd_rollouts!r}")
+        if self.opd_rollout_budget is not None and (
+            not _is_int(self.opd_rollout_budget) or self.opd_rollout_budget < 1
+        ):
+            raise ValueError(f"opd_rollout_budget must be None or an int >= 1, got {self.opd_rollout_budget!r}")
+        if not self.opd_rollout_temperature >= 0:
+            raise ValueError(f"opd_rollout_temperature must be >= 0, got {self.opd_rollout_temperature}")
+        if not _is_int(self.opd_rollout_max_new_tokens) or self.opd_rollout_max_new_tokens < 1:
+            raise ValueError(f"opd_rollout_max_new_tokens must be an int >= 1, got {self.opd_rollout_max_new_tokens!r}")
         if self.remove_unused_columns:
             raise ValueError(
                 "ExitTrainer needs remove_unused_columns=False: the drafter's forward does not take "
@@ -375,7 +474,10 @@ class ExitTrainer(Trainer):
     drafted nodes (raw target softmax at temperature 1, with the context the tree loss uses). It is the tau an
     exact verifier would reach on those trees, not a decoding measurement. Steps where no tree was built
     (no anchor with a full horizon) leave both tree metrics out of the averages; a logging window without
-    any tree does not log them.
+    any tree does not log them. Objective `"opd"` logs `loss_dflash` (when `ce_weight` > 0), `loss_opd`,
+    `loss_opd_accept`, `loss_opd_reject` (the two streams of the Draft-OPD loss, left out when a batch has none)
+    and `opd_rollout_tau`, the mean block length of the current rollouts (the decoded tau of the drafter that made
+    them); its `eval_loss` is the standard objective's cross-entropy.
 
     Evaluation: `eval_loss`, `eval_loss_dflash` (and the tree metrics) on anchors that are drawn the same at every
     evaluation, and `eval_tau`, the mean accepted block length (accepted draft tokens + 1) of real tree decoding
@@ -472,13 +574,31 @@ class ExitTrainer(Trainer):
             "target_body": target_model.num_parameters(exclude_embeddings=True) - lm_head,
         }
         self._step_flos = 0
+        # Draft-OPD: the current rollouts, the refresh they belong to, the training rows' prompts, and
+        # (global_step, micro-batches drawn at that step).
+        self._opd_rollouts: list[Rollout] = []
+        self._opd_refresh: int | None = None
+        self._opd_prompts: list[list[int]] | None = None
+        self._opd_draw = (None, 0)
 
     # -- loss ---------------------------------------------------------------------------------
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        args = self.args
         mode = "train" if model.training else "eval"
         drafter = self.accelerator.unwrap_model(model)
+        if self.args.objective == "opd":
+            loss, metrics, draft_logits = self._opd_step(model, drafter, inputs, mode)
+        else:
+            loss, metrics, draft_logits = self._rows_loss(
+                model, drafter, inputs, mode, self.args.objective, self.args.ce_weight
+            )
+        self._record(mode, metrics)
+        return (loss, {"draft_logits": draft_logits}) if return_outputs else loss
+
+    def _rows_loss(self, model, drafter, inputs, mode: str, objective: str, ce_weight: float):
+        """The loss of objective "exit", "prefix" or "dflash" on a batch of training rows: `(loss, metrics,
+        draft_logits)`."""
+        args = self.args
         if "input_ids" not in inputs or "loss_mask" not in inputs:
             raise ValueError(
                 f"ExitTrainer batches need 'input_ids' and 'loss_mask' (ExitDataCollator builds them), "
@@ -486,7 +606,7 @@ class ExitTrainer(Trainer):
             )
         input_ids, loss_mask = inputs["input_ids"], inputs["loss_mask"].bool()  # [B, T]
         anchors, valid = sample_anchors(loss_mask, args.anchors_per_sequence, self._anchor_generator(mode))  # [B, A]
-        with_trees = args.objective != "dflash"
+        with_trees = objective != "dflash"
 
         # 1. Context features (and, for the trees, the context K/V) from the frozen target, or from the cache.
         cached = not with_trees and inputs.get(CONTEXT_FEATURES) is not None
@@ -529,8 +649,8 @@ class ExitTrainer(Trainer):
             trees,
             tree_blocks,
             tree_probs,
-            args.objective,
-            ce_weight=args.ce_weight,
+            objective,
+            ce_weight=ce_weight,
             tree_weight=args.tree_weight,
             alpha=args.alpha,
             gamma=args.gamma,
@@ -549,8 +669,130 @@ class ExitTrainer(Trainer):
                 loss_tree=missing if parts.tree is None else parts.tree,
                 tree_1_plus_c=missing if parts.tree_block_length is None else parts.tree_block_length,
             )
-        self._record(mode, metrics)
-        return (parts.loss, {"draft_logits": draft_logits}) if return_outputs else parts.loss
+        return parts.loss, metrics, draft_logits
+
+    # -- Draft-OPD (objective "opd", opd.py) ---------------------------------------------------------
+
+    def _opd_step(self, model, drafter, inputs, mode: str):
+        """`ce_weight * CE` on the training rows (the standard objective) + `opd_weight * OPD` on rollouts.
+        Evaluation reports the standard objective's CE as the loss (the rollouts are a training device; the
+        decoded `eval_tau` measures the drafter)."""
+        args = self.args
+        if mode == "eval":
+            return self._rows_loss(model, drafter, inputs, mode, "dflash", 1.0)
+        loss, metrics, draft_logits = 0.0, {}, None
+        if args.ce_weight > 0:
+            loss, metrics, draft_logits = self._rows_loss(model, drafter, inputs, mode, "dflash", args.ce_weight)
+        parts, tau = self._opd_loss(model, drafter)
+        metrics.update(loss_opd=parts.loss, loss_opd_accept=parts.accept, loss_opd_reject=parts.reject)
+        metrics["opd_rollout_tau"] = parts.loss.new_tensor(tau)
+        return loss + args.opd_weight * parts.loss, metrics, draft_logits
+
+    def _opd_loss(self, model, drafter) -> tuple[OPDLoss, float]:
+        """Draft-OPD on this micro-batch's rollouts: the drafter's blocks at (up to `anchors_per_sequence` of)
+        their cycles' anchors, the chains replayed through the target (one forward over the rollouts, one over
+        the chains), the acceptance-aware loss. Returns the loss parts and the rollouts' tau."""
+        args = self.args
+        rollouts, tau = self._opd_batch(drafter)
+        device = self.args.device
+        pad = _pad_token_id(self.target_model, self.processing_class)
+        generator = self._seeded_generator(f"{args.seed}/opd/{self.state.global_step}/{self._opd_draw[1]}")
+        input_ids, lengths, anchors, valid, accepted, rejected = (
+            t.to(device) for t in rollout_batch(rollouts, args.anchors_per_sequence, generator, pad)
+        )
+        with torch.no_grad():
+            context = self.target_model(
+                input_ids, output_hidden_states=drafter.target_hidden_indices, use_cache=True, logits_to_keep=1
+            )
+        features = drafter.context_features(context.hidden_states)
+        draft_logits = self._draft_blocks(model, drafter, input_ids, features, anchors)  # [B, A, D, V]
+        B, A, D, _ = draft_logits.shape
+        chains = replay_chains(input_ids, anchors, accepted, lengths, draft_logits)
+        teacher = replay_teacher_logits(self.target_model, chains, anchors, valid, context.cache, input_ids.shape[1])
+        if teacher is None:  # no cycle to train (e.g. every rollout stopped at once)
+            nan = draft_logits.new_tensor(math.nan)
+            parts = OPDLoss(draft_logits.sum() * 0.0, nan, nan)
+        else:
+            parts = opd_loss(
+                draft_logits,
+                teacher,
+                accepted_depths(anchors, accepted, lengths),
+                rejected,
+                valid,
+                accept_weight=args.opd_accept_weight,
+                reject_weight=args.opd_reject_weight,
+                decay=args.opd_reject_decay,
+            )
+        chain_rows = int(valid.sum(1).max()) * D
+        self._step_flos += self._flos(B, input_ids.shape[1], A, D + 1, False, B * chain_rows)
+        return parts, tau
+
+    def _opd_batch(self, drafter) -> tuple[list[Rollout], float]:
+        """This micro-batch's `per_device_train_batch_size` rollouts, refreshing the rollouts first when due
+        (every `opd_refresh_steps` optimizer steps), and the tau of the current rollouts."""
+        args = self.args
+        step = self.state.global_step
+        refresh = step // args.opd_refresh_steps
+        if self._opd_refresh != refresh:
+            self._refresh_rollouts(drafter, refresh)
+        draws = self._opd_draw[1] + 1 if self._opd_draw[0] == step else 0
+        self._opd_draw = (step, draws)
+        size = args.per_device_train_batch_size
+        first = ((step - refresh * args.opd_refresh_steps) * args.gradient_accumulation_steps + draws) * size
+        batch = [self._opd_rollouts[(first + j) % len(self._opd_rollouts)] for j in range(size)]
+        lengths = [length for r in self._opd_rollouts for length in r.block_lengths]
+        return batch, sum(lengths) / max(len(lengths), 1)
+
+    def _refresh_rollouts(self, drafter, refresh: int) -> None:
+        """Roll out this refresh's prompts with the current drafter (tree decoding, the frozen target verifying).
+        Refresh r, rollout j of process p takes prompt number `(r * count + j) * world_size + p` of a seeded
+        order of the training rows' prompts, and sampling seed `seed` + that number: resumable and distinct."""
+        args = self.args
+        count = args.opd_rollouts or (
+            args.per_device_train_batch_size * args.gradient_accumulation_steps * args.opd_refresh_steps
+        )
+        prompts = self._opd_prompt_list()
+        numbers = [(refresh * count + j) * max(args.world_size, 1) + args.process_index for j in range(count)]
+        self._opd_rollouts = collect_rollouts(
+            self.target_model,
+            drafter,
+            [prompts[n % len(prompts)] for n in numbers],
+            budget=args.tree_budget if args.opd_rollout_budget is None else args.opd_rollout_budget,
+            temperature=args.opd_rollout_temperature,
+            max_new_tokens=args.opd_rollout_max_new_tokens,
+            seeds=[args.seed + n for n in numbers],
+            pad_token_id=_pad_token_id(self.target_model, self.processing_class),
+        )
+        self._opd_refresh = refresh
+
+    def _opd_prompt_list(self) -> list[list[int]]:
+        """The training rows' prompts (tokens before the first supervised one), in a seeded order."""
+        if self._opd_prompts is None:
+            rows = self.train_dataset.rows if isinstance(self.train_dataset, CachedFeatureDataset) else None
+            rows = self.train_dataset if rows is None else rows
+            prompts = []
+            for index in range(len(rows)):
+                ids, mask = row_tensors(rows[index], where=f"training row {index}")
+                first = int(mask.nonzero()[0]) if mask.any() else len(ids)
+                prompts.append(ids[: max(1, first)].tolist())
+            order = torch.randperm(len(prompts), generator=torch.Generator().manual_seed(self.args.seed)).tolist()
+            self._opd_prompts = [prompts[i] for i in order]
+        return self._opd_prompts
+
+    def _save_rng_state(self, output_dir: str) -> None:
+        # Every process writes its current rollouts into the checkpoint: a resumed run trains on the same ones.
+        super()._save_rng_state(output_dir)
+        if self.args.objective == "opd" and self._opd_rollouts:
+            state = {"refresh": self._opd_refresh, "rollouts": [r.to_dict() for r in self._opd_rollouts]}
+            Path(output_dir, f"opd_rollouts_{self.args.process_index}.json").write_text(json.dumps(state))
+
+    def _load_rng_state(self, checkpoint: str | None) -> None:
+        super()._load_rng_state(checkpoint)
+        path = None if checkpoint is None else Path(checkpoint, f"opd_rollouts_{self.args.process_index}.json")
+        if self.args.objective == "opd" and path is not None and path.is_file():
+            state = json.loads(path.read_text())
+            self._opd_rollouts = [Rollout(**r) for r in state["rollouts"]]
+            self._opd_refresh = state["refresh"]
 
     def _draft_blocks(self, model, drafter, input_ids, features, anchors) -> torch.Tensor:
         """Drafter logits `[B, A, D, V]` of the blocks `[x_a, MASK, ...]` at every anchor (one forward)."""
@@ -620,7 +862,11 @@ class ExitTrainer(Trainer):
         key = (mode, self.state.global_step)
         draws = self._anchor_draw[1] + 1 if self._anchor_draw[0] == key else 0
         self._anchor_draw = (key, draws)
-        text = f"{self.args.seed}/{mode}/{self.state.global_step}/{draws}/{self.args.process_index}"
+        return self._seeded_generator(f"{self.args.seed}/{mode}/{self.state.global_step}/{draws}")
+
+    def _seeded_generator(self, text: str) -> torch.Generator:
+        """A CPU generator seeded by `text` and the process index."""
+        text = f"{text}/{self.args.process_index}"
         return torch.Generator().manual_seed(int.from_bytes(hashlib.sha256(text.encode()).digest()[:7], "little"))
 
     def _flos(self, batch: int, length: int, anchors: int, block: int, cached: bool, tree_rows: int) -> int:

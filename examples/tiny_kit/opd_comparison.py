@@ -1,0 +1,223 @@
+"""Draft-OPD on the kit: the four training objectives from one initialisation, and ExitTrain on top of Draft-OPD.
+
+    PYTHONPATH=. nice python examples/tiny_kit/opd_comparison.py --steps 30 --prompts 8 \
+        --out examples/tiny_kit/ablation/opd
+
+Arms, each `--steps` optimizer steps from `--init` with the same data, batch, learning rate, schedule and seed
+(`train_drafter.py`'s recipe through `hf-tev train`):
+  standard  objective "dflash" (the standard DFlash objective, "finetuned")
+  opd       objective "opd" (Draft-OPD: rollouts by tree decoding refreshed every `--opd-refresh-steps` steps,
+            replay at their cycles, plus the standard CE on the same rows)
+  prefix    objective "prefix"
+  exit      objective "exit" (ExitTrain)
+  opd+exit  objective "exit" for `--steps` more steps, starting from the opd arm's drafter
+Equal steps and rows per step; each arm's wall time and counted training FLOPs are recorded next to its tau
+(the opd arm also spends its rollouts' tree decoding, which the FLOP count leaves out).
+
+Evaluation: TEV tree decoding of the first `--prompts` held-out and HumanEval prompts (`--max-new-tokens` each) at
+every budget and temperature, every drafter with the same per-prompt seeds; per prompt the block lengths' sum and
+cycles are kept, so every comparison with the standard arm is paired: a percentile bootstrap over prompts
+(`--bootstrap` resamples, the same resampled prompts for both drafters) of the ratio of pooled tau.
+Writes `<out>/trainlog_<arm>.json`, `<out>/tau.json` (per prompt) and `<out>/summary.md`; `--skip-train` reuses
+the drafters already in `--work`.
+"""
+
+import argparse
+import json
+import random
+import shlex
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+import hf_tev
+from hf_tev.kit import KIT_MODELS, kit_path, load_kit_model, load_kit_prompts, load_kit_tokenizer
+from hf_tev.training import cli
+
+KIT = Path(__file__).resolve().parent
+sys.path.insert(0, str(KIT))
+import train_drafter  # noqa: E402  (the kit's recipe: flags -> hf-tev train arguments)
+
+ARMS = {  # arm -> (objective, the arm it starts from; None: --init)
+    "standard": ("dflash", None),
+    "opd": ("opd", None),
+    "prefix": ("prefix", None),
+    "exit": ("exit", None),
+    "opd+exit": ("exit", "opd"),
+}
+
+
+def train_arm(arm: str, args, init: str) -> dict:
+    objective = ARMS[arm][0]
+    out = Path(args.work) / arm.replace("+", "_")
+    recipe = ["--init", init, "--objective", "exit" if objective == "opd" else objective, "--out", str(out)]
+    recipe += ["--data", args.data, "--max-steps", str(args.steps), "--learning-rate", str(args.learning_rate)]
+    recipe += ["--batch-size", str(args.batch_size), "--anchors", str(args.anchors)]
+    recipe += ["--tree-budget", str(args.tree_budget), "--threads", str(args.threads), "--seed", str(args.seed)]
+    argv = train_drafter.train_command(train_drafter.parse_args(recipe), init)
+    argv[argv.index("--logging_steps") + 1] = "1"
+    if objective == "opd":
+        argv[argv.index("--objective") + 1] = "opd"
+        argv += ["--opd_refresh_steps", str(args.opd_refresh_steps)]
+        argv += ["--opd_rollout_temperature", str(args.opd_rollout_temperature)]
+        argv += ["--opd_rollout_max_new_tokens", str(args.opd_rollout_max_new_tokens)]
+    start = time.time()
+    trainer = cli.run(*cli.parse_args(argv))
+    (out / "training_args.bin").unlink(missing_ok=True)
+    log = {
+        "arm": arm,
+        "init": init,
+        "seconds": time.time() - start,
+        "total_flos": trainer.state.total_flos,
+        "history": trainer.state.log_history,
+        "command": "hf-tev train " + shlex.join(argv),
+    }
+    Path(args.out, f"trainlog_{arm.replace('+', '_')}.json").write_text(json.dumps(log, indent=1))
+    print(f"{arm}: {args.steps} steps in {log['seconds']:.0f} s -> {out}", flush=True)
+    return log
+
+
+@torch.no_grad()
+def evaluate(drafters: dict, args) -> list[dict]:
+    target = load_kit_model("target")
+    tokenizer = load_kit_tokenizer()
+    prompts = [
+        (name, index, tokenizer(prompt, return_tensors="pt").input_ids)
+        for name in ("heldout", "humaneval")
+        for index, prompt in enumerate(load_kit_prompts(name, args.prompts))
+    ]
+    records = []
+    for temperature in [float(t) for t in args.temperatures.split(",")]:
+        sampling = dict(do_sample=True, temperature=temperature, top_k=0) if temperature > 0 else dict(do_sample=False)
+        for budget in [int(b) for b in args.budgets.split(",")]:
+            for drafter_name, drafter in drafters.items():
+                for set_name, index, input_ids in prompts:
+                    out = target.generate(
+                        input_ids,
+                        attention_mask=torch.ones_like(input_ids),
+                        assistant_model=drafter,
+                        max_new_tokens=args.max_new_tokens,
+                        tev_config=hf_tev.TEVConfig(budget=budget, seed=index),  # the same seed for every drafter
+                        return_dict_in_generate=True,
+                        **sampling,
+                    )
+                    lengths = out.tev_stats.accepted_lengths
+                    records.append(
+                        dict(
+                            drafter=drafter_name,
+                            temperature=temperature,
+                            budget=budget,
+                            prompt_set=set_name,
+                            prompt=index,
+                            tokens=sum(lengths),
+                            cycles=len(lengths),
+                        )
+                    )
+                cell = [r for r in records[-len(prompts) :]]
+                tau = sum(r["tokens"] for r in cell) / sum(r["cycles"] for r in cell)
+                print(f"T={temperature:g} B={budget:<3} {drafter_name:<10} tau {tau:.3f}", flush=True)
+    return records
+
+
+def paired_bootstrap(records: list[dict], arm: str, base: str, resamples: int, seed: int = 0):
+    """Pooled tau of `arm` / pooled tau of `base` over the same prompts, and its 95% percentile interval over
+    prompt resamples (the same resampled prompts for both)."""
+    key = lambda r: (r["prompt_set"], r["prompt"])  # noqa: E731
+    a = {key(r): (r["tokens"], r["cycles"]) for r in records if r["drafter"] == arm}
+    b = {key(r): (r["tokens"], r["cycles"]) for r in records if r["drafter"] == base}
+    keys = sorted(a)
+
+    def ratio(sample):
+        ta = sum(a[k][0] for k in sample) / sum(a[k][1] for k in sample)
+        tb = sum(b[k][0] for k in sample) / sum(b[k][1] for k in sample)
+        return ta / tb
+
+    rng = random.Random(seed)
+    draws = sorted(ratio([rng.choice(keys) for _ in keys]) for _ in range(resamples))
+    return ratio(keys), draws[int(0.025 * resamples)], draws[int(0.975 * resamples) - 1]
+
+
+def summarize(records: list[dict], logs: dict, args) -> str:
+    drafters = list(dict.fromkeys(r["drafter"] for r in records))
+    cells = sorted({(r["temperature"], r["budget"]) for r in records})
+    lines = [
+        f"Tree decoding (TEV), {args.prompts} held-out + {args.prompts} HumanEval prompts, {args.max_new_tokens} new "
+        f"tokens, same seeds for every drafter. tau (pooled over prompts); in brackets the change against the "
+        f"standard arm with its 95% paired-bootstrap interval over prompts ({args.bootstrap} resamples).",
+        "",
+        "| drafter | " + " | ".join(f"T={t:g}, B={b}" for t, b in cells) + " | train s | train TFLOs |",
+        "|---" * (len(cells) + 3) + "|",
+    ]
+    for name in drafters:
+        row = []
+        for t, b in cells:
+            cell = [r for r in records if r["drafter"] == name and (r["temperature"], r["budget"]) == (t, b)]
+            tau = sum(r["tokens"] for r in cell) / sum(r["cycles"] for r in cell)
+            text = f"{tau:.3f}"
+            if name != "standard" and "standard" in drafters:
+                sub = [r for r in records if (r["temperature"], r["budget"]) == (t, b)]
+                ratio, low, high = paired_bootstrap(sub, name, "standard", args.bootstrap)
+                text += f" [{100 * (ratio - 1):+.1f}%, {100 * (low - 1):+.1f}..{100 * (high - 1):+.1f}]"
+            row.append(text)
+        log = logs.get(name)
+        seconds = f"{log['seconds']:.0f}" if log else "-"
+        flos = f"{log['total_flos'] / 1e12:.1f}" if log else "-"
+        lines.append(f"| {name} | " + " | ".join(row) + f" | {seconds} | {flos} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--init", default="drafter-dflash-l135", help="kit drafter name or folder")
+    parser.add_argument(
+        "--data",
+        default=f"{KIT / 'data' / 'train_generated.jsonl'},{KIT / 'data' / 'train_generated_greedy.jsonl'}",
+    )
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--learning-rate", type=float, default=3e-4)
+    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--anchors", type=int, default=8)
+    parser.add_argument("--tree-budget", type=int, default=32)
+    parser.add_argument("--opd-refresh-steps", type=int, default=4)
+    parser.add_argument("--opd-rollout-temperature", type=float, default=1.0)
+    parser.add_argument("--opd-rollout-max-new-tokens", type=int, default=64)
+    parser.add_argument("--budgets", default="16,64")
+    parser.add_argument("--temperatures", default="0,1")
+    parser.add_argument("--prompts", type=int, default=8, help="prompts per set (held-out, HumanEval)")
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--bootstrap", type=int, default=2000)
+    parser.add_argument("--arms", default=",".join(ARMS))
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--work", default=str(Path("/tmp") / "hf_tev_opd_comparison"), help="trained drafters")
+    parser.add_argument("--out", default=str(KIT / "ablation" / "opd"))
+    parser.add_argument("--skip-train", action="store_true", help="reuse the drafters in --work")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    init = str(kit_path(args.init)) if args.init in KIT_MODELS else args.init
+    arms = args.arms.split(",")
+    logs = {}
+    for arm in arms:
+        start_arm = ARMS[arm][1]
+        path = Path(args.work) / arm.replace("+", "_")
+        log_path = Path(args.out, f"trainlog_{arm.replace('+', '_')}.json")
+        if args.skip_train and (path / "config.json").is_file():
+            logs[arm] = json.loads(log_path.read_text()) if log_path.is_file() else None
+            continue
+        arm_init = init if start_arm is None else str(Path(args.work) / start_arm.replace("+", "_"))
+        logs[arm] = train_arm(arm, args, arm_init)
+    drafters = {"init": hf_tev.DFlashDraftModel.from_pretrained(init).eval()}
+    for arm in arms:
+        drafters[arm] = hf_tev.DFlashDraftModel.from_pretrained(Path(args.work) / arm.replace("+", "_")).eval()
+    records = evaluate(drafters, args)
+    Path(args.out, "tau.json").write_text(json.dumps({"args": vars(args), "records": records}, indent=0))
+    text = summarize(records, logs, args)
+    Path(args.out, "summary.md").write_text(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
