@@ -330,6 +330,11 @@ def processors_for_tree(logits_processor) -> LogitsProcessorList:
     for processor in logits_processor:
         if type(processor) is PrefixConstrainedLogitsProcessor:
             processor = PerRowPrefixConstraint(processor)
+        if (
+            type(processor) is RepetitionPenaltyLogitsProcessor
+            and getattr(processor.prompt_ignore_length, "numel", int)() == 1
+        ):
+            processor = _processor_for_row(processor, 0)  # one prompt's padding length, for calls of many nodes
         kind = type(processor)
         if kind not in INPUT_IDS_PURE_PROCESSORS and kind not in _WARNED_PROCESSORS:
             _WARNED_PROCESSORS.add(kind)
@@ -524,13 +529,18 @@ def batch_verifier_stage(trees, logits, committed_ids, logits_processors, verify
 
 
 def processors_for_row(logits_processor: LogitsProcessorList, row: int) -> LogitsProcessorList:
-    """The processors of batch row `row`: `prefix_allowed_tokens_fn` is called with `batch_id=row`."""
-    if row == 0 or not any(type(p) is PerRowPrefixConstraint for p in logits_processor):
-        return logits_processor
-    return LogitsProcessorList(
-        PerRowPrefixConstraint(p.processor, batch_id=row) if type(p) is PerRowPrefixConstraint else p
-        for p in logits_processor
-    )
+    """The processors of batch row `row`, each of whose calls takes that row's tree nodes as its rows:
+    `prefix_allowed_tokens_fn` is called with `batch_id=row`, and the repetition penalty skips the row's own
+    left padding (generate gives it every row's padding length, one per batch row)."""
+    return LogitsProcessorList(_processor_for_row(p, row) for p in logits_processor)
+
+
+def _processor_for_row(processor, row: int):
+    if type(processor) is PerRowPrefixConstraint and row:
+        return PerRowPrefixConstraint(processor.processor, batch_id=row)
+    if type(processor) is RepetitionPenaltyLogitsProcessor and isinstance(processor.prompt_ignore_length, torch.Tensor):
+        return RepetitionPenaltyLogitsProcessor(processor.penalty, int(processor.prompt_ignore_length[row]))
+    return processor
 
 
 @dataclass
