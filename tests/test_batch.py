@@ -1,5 +1,7 @@
 """Tree decoding of a batch of prompts (SPEC section 10): each row's output is that prompt's own output alone."""
 
+import json
+
 import pytest
 import torch
 from conftest import make_target
@@ -299,3 +301,31 @@ def test_batch_of_one_is_the_single_prompt_path(monkeypatch):
     monkeypatch.setattr(hf_tev.generation, "_decode_batch", None)  # never called for one prompt
     out = greedy(target, torch.tensor([PROMPTS[0]]), max_new_tokens=8, assistant_model=make_drafter(target))
     assert out.tolist() == greedy(target, torch.tensor([PROMPTS[0]]), max_new_tokens=8).tolist()
+
+
+def test_bench_batch_sizes_tiny_run_and_report(tmp_path):
+    from hf_tev.__main__ import main as hf_tev_main
+    from hf_tev.bench import BenchConfig
+    from hf_tev.bench.report import BATCH_SCHEMA, markdown_report
+
+    out = tmp_path / "bench"
+    argv = ["bench", "--methods", "ar,tev,lookup_tree,assisted", "--drafters", "drafter-dflash", "--budgets", "4"]
+    argv += ["--temperatures", "0,1", "--prompt-sets", "humaneval", "--max-prompts", "2", "--max-new-tokens", "6"]
+    hf_tev_main([*argv, "--repeats", "1", "--batch-sizes", "1,3", "--output", str(out), "--no-progress"])
+    document = json.loads((out / "bench.json").read_text())
+    assert document["schema"] == BATCH_SCHEMA
+    assert any("assisted" in note for note in document["warnings"])  # cannot take a batch: skipped, said so
+    records = {(r["method"], r["temperature"], r["batch_size"]): r for r in document["records"]}
+    assert set(records) == {(m, t, r) for m in ("ar", "tev", "lookup_tree") for t in (0.0, 1.0) for r in (1, 3)}
+    for (method, temperature, size), record in records.items():
+        assert record["rows"] == (2 if size == 1 else 3)  # two prompts, cycled to fill a batch of 3
+        assert record["new_tokens"] == record["rows"] * 6 and record["tokens_per_s"] > 0
+        if temperature == 0:
+            assert record["greedy_exact"], (method, size)
+        if method != "ar":
+            assert len(record["tau_rows"]) == record["rows"] and record["tau"] >= 1
+            assert record["pass_ms"] > 0 and record["pass_rows"] <= size and record["pass_nodes"] >= 1
+    assert (out / "bench.md").read_text() == markdown_report(document)
+    assert "| 3 | tev | drafter-dflash | 4 |" in (out / "bench.md").read_text()
+    with pytest.raises(ValueError, match="batch_sizes"):
+        BenchConfig(batch_sizes=[0])
