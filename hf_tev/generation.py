@@ -553,8 +553,8 @@ class _BatchRow:
     candidates: DFlashTreeCandidateGenerator
     processors: LogitsProcessorList
     stats: TEVStats
-    auto: CostAwareBudget | None
     tree: DraftTree | None = None
+    draft_logprobs: torch.Tensor | None = None
     draft_s: float = 0.0
     build_s: float = 0.0
 
@@ -567,10 +567,11 @@ def _decode_batch(model, input_ids, logits_processor, stopping_criteria, generat
     """The tree decoding loop for R > 1 left-padded prompts (SPEC section 10); each row's output is the one
     `tree_speculative_decode` gives for it alone.
 
-    Each cycle every unfinished row drafts and builds its own tree (its own drafter cache, context index and
-    automatic budget); ONE target forward runs all trees padded to a common node count; each row's verifier
-    decides its path and the cache keeps every row's path (`batch_verifier_stage`, `BatchTreeInputs`). A row
-    that stops leaves the batch and the cache at once, so it costs nothing further.
+    Each cycle every unfinished row drafts and builds its own tree (its own drafter cache and context index;
+    with `budget="auto"` one size for every row, `_draft_and_build_batch`); ONE target forward runs all trees
+    padded to a common node count; each row's verifier decides its path and the cache keeps every row's path
+    (`batch_verifier_stage`, `BatchTreeInputs`). A row that stops leaves the batch and the cache at once, so it
+    costs nothing further.
     """
     attention_mask = kw.get("attention_mask")
     real = torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
@@ -594,7 +595,10 @@ def _decode_batch(model, input_ids, logits_processor, stopping_criteria, generat
     raw, features, _, _ = prefill(
         model, drafter, input_ids, cache, attention_mask, positions, generation_config.prefill_chunk_size
     )
-    rows, done, cost = [], {}, None  # unfinished rows (in cache order); finished: index -> (sequence, stats)
+    rows, done = [], {}  # unfinished rows (in cache order); finished: index -> (sequence, stats)
+    auto = None
+    if tev_config.is_auto:  # one size for the batch, against the cost of the batch's cycle (see README)
+        auto = automatic_budget(model, drafter, tev_config, generation_config, batch=input_ids.shape[0])
     for r in range(input_ids.shape[0]):
         candidates = DFlashTreeCandidateGenerator(drafter, model, tev_config)
         keep = real[r]
@@ -605,13 +609,9 @@ def _decode_batch(model, input_ids, logits_processor, stopping_criteria, generat
         )
         processors = processors_for_row(logits_processor, r)
         root = next_token(processors(input_ids[r : r + 1], raw[r : r + 1]), do_sample, generator)  # [1]
-        auto = None
-        if tev_config.is_auto:  # each row its own sizes; the cost model is the batch pass's (see README)
-            auto = automatic_budget(model, drafter, tev_config, generation_config, batch=input_ids.shape[0])
-            cost = auto.cost
         row = _BatchRow(
             r, torch.cat([input_ids[r : r + 1], root[None]], 1), int(positions[r, -1]) + 1, candidates, processors,
-            TEVStats(), auto,
+            TEVStats(),
         )  # fmt: skip
         stop = first_stop(stopping_criteria, row.sequence, width)
         if stop is None:
@@ -621,17 +621,16 @@ def _decode_batch(model, input_ids, logits_processor, stopping_criteria, generat
     inputs = BatchTreeInputs(~real, model.dtype)
     if len(rows) < input_ids.shape[0]:
         inputs.select(cache, [row.index for row in rows])
-    if rows and cost is not None and not cost.probed:
-        cost.set_probe(*probe_batch_costs(model, cache, inputs, rows, tev_config.max_budget + 1))
+    if rows and auto is not None and not auto.cost.probed:
+        auto.cost.set_probe(*probe_batch_costs(model, cache, inputs, rows, tev_config.max_budget + 1))
     prefill_s = clock.lap()
     for row in rows:
         row.stats.prefill_time = prefill_s
 
     while rows:
         past = cache.get_seq_length()
-        # 1.-2. Every row drafts and builds its own tree, exactly as it would alone.
-        for row in rows:
-            _draft_and_build(row, generation_config.max_length, lookup, clock)
+        # 1.-2. Every row drafts and builds its own tree (with `auto`, of one size for the batch).
+        _draft_and_build_batch(rows, auto, generation_config.max_length, lookup, clock)
         # 3. ONE target forward over every row's tree.
         tokens, mask, position_ids = inputs([row.tree for row in rows], past, [row.next_position for row in rows])
         hidden_indices = rows[0].candidates.hidden_indices
@@ -654,7 +653,7 @@ def _decode_batch(model, input_ids, logits_processor, stopping_criteria, generat
         # 5. Commit per row: drafter context, tokens, stop, statistics.
         features = rows[0].candidates.features(out.hidden_states)  # [R, N, k * H] or None
         del out
-        finished, draft_total = [], sum(row.draft_s for row in rows)
+        finished = []
         for i, (row, path, bonus) in enumerate(zip(rows, paths, bonuses, strict=True)):
             tree, accepted, start = row.tree, path.numel(), row.sequence.shape[1]
             row.sequence = torch.cat([row.sequence, tree.tokens[path[1:]][None], bonus.view(1, 1)], dim=1)
@@ -678,10 +677,9 @@ def _decode_batch(model, input_ids, logits_processor, stopping_criteria, generat
                 plain = not do_sample or tree.num_nodes == 1
                 stats.coverages.append(float(accepted) if plain else float(target_flow(tree, processed[i])[0].sum()))
         rest_s = clock.lap()
-        for row, path in zip(rows, paths, strict=True):
-            if row.auto is not None:  # the cycle the row's rule weighs is the batch's: all drafts, one pass
-                row.auto.cost.observe_draft(draft_total)
-                row.auto.observe(row.tree.path_logprobs, path.tolist(), forward_s, verify_s + rest_s)
+        if auto is not None:
+            outcomes = [(row.tree.path_logprobs, path.tolist()) for row, path in zip(rows, paths, strict=True)]
+            auto.observe_batch(outcomes, tokens.shape[1] - 1, forward_s, verify_s + rest_s)
         # Finished rows leave the batch and the cache; holes go once they are a large share of the cache.
         if finished:
             for i in finished:
@@ -702,34 +700,47 @@ def _decode_batch(model, input_ids, logits_processor, stopping_criteria, generat
     if not return_dict:
         return result
     stats = [done[r][1] for r in range(input_ids.shape[0])]
-    if cost is not None:
+    if auto is not None:
         for row_stats in stats:
-            row_stats.budget_model = cost.summary()
+            row_stats.budget_model = auto.cost.summary()
     return TEVGenerateOutput(sequences=result, tev_stats=stats)
 
 
-def _draft_and_build(row: _BatchRow, max_length: int, lookup: bool, clock: StageClock) -> None:
-    """Stages 1 and 2 of one batch row, as `tree_speculative_decode` runs them for one prompt (the automatic
-    budget's rule and its record included); sets `row.tree`, `row.draft_s`, `row.build_s`."""
-    auto, candidates, stats = row.auto, row.candidates, row.stats
-    clock.lap()
-    max_depth = max_length - row.sequence.shape[1] - 1
-    draft_logprobs, cap = None, None if auto is None else auto.cap()
-    if auto is None or auto.should_draft():
-        draft_logprobs = candidates.draft(row.root, row.next_position, max_depth, cap)
-    row.draft_s = clock.lap()
-    size_rule, drafted = None, draft_logprobs is not None
-    if auto is not None and (drafted or lookup):
-        size_rule = auto.size_rule(drafted=drafted)
-    row.tree = candidates.build(draft_logprobs, row.root, size_rule, cap, max_depth)
-    if size_rule is not None:
-        alternative = 0.0
-        if drafted and lookup:
-            alternative = auto.best_rate(lookup_path_logprobs(candidates.continuations, candidates.lookup_stats), False)
-        stats.predicted_lengths.append(auto.chose(row.tree.num_nodes - 1, drafted, alternative))
-    elif auto is not None:
-        stats.predicted_lengths.append(1.0)
-    row.build_s = clock.lap()
+def _draft_and_build_batch(rows: list[_BatchRow], auto: CostAwareBudget | None, max_length, lookup, clock) -> None:
+    """Stages 1 and 2 for every row of a batch; sets each row's `tree`, `draft_s` and `build_s`.
+
+    A fixed budget: every row's tree as it would be alone. `budget="auto"`: one size n for every row's tree
+    (`CostAwareBudget.common_size`: the most expected tokens per second of the whole batch, whose pass pays for
+    the largest tree in every row), the drafter on or paused for the whole batch; each row's tree is built at
+    the cap, then cut to its first n nodes (best-first trees are nested). Like any size fixed before the
+    target's pass, this keeps every verifier exact."""
+    cap = None if auto is None else auto.cap()
+    drafting = auto is None or auto.should_draft()
+    for row in rows:
+        clock.lap()
+        max_depth = max_length - row.sequence.shape[1] - 1
+        row.draft_logprobs = row.candidates.draft(row.root, row.next_position, max_depth, cap) if drafting else None
+        row.draft_s = clock.lap()
+        row.tree = row.candidates.build(row.draft_logprobs, row.root, None, cap, max_depth)
+        row.build_s = clock.lap()
+    if auto is None:
+        return
+    drafted = any(row.draft_logprobs is not None for row in rows)
+    if not (drafted or lookup):
+        for row in rows:
+            row.stats.predicted_lengths.append(1.0)
+        return
+    if drafted:
+        auto.cost.observe_draft(sum(row.draft_s for row in rows))
+    size, lengths = auto.common_size([(row.tree.path_logprobs or [0.0])[1:] for row in rows], drafted)
+    auto.chose(size, drafted)
+    for row, length in zip(rows, lengths, strict=True):
+        if row.tree.num_nodes - 1 > size:
+            clock.lap()
+            max_depth = max_length - row.sequence.shape[1] - 1
+            row.tree = row.candidates.build(row.draft_logprobs, row.root, None, size, max_depth)
+            row.build_s += clock.lap()
+        row.stats.predicted_lengths.append(length)
 
 
 def probe_batch_costs(model, cache, inputs: BatchTreeInputs, rows, max_tokens: int, repeats: int = 2):

@@ -94,6 +94,10 @@ def test_batch_greedy_equals_each_prompt_alone():
             )
             assert out.sequences.tolist() == padded_rows(expected, PROMPTS), (budget, verifier)
             assert len(out.tev_stats) == len(PROMPTS)
+            if budget == "auto":  # one size for the batch: while every row is in, every row's tree has it
+                shared = min(s.pass_rows.count(len(PROMPTS)) for s in out.tev_stats)
+                for cycle in range(min(shared, 4)):
+                    assert len({s.tree_sizes[cycle] for s in out.tev_stats}) == 1, cycle
             for stats, prompt, sequence in zip(out.tev_stats, PROMPTS, expected, strict=True):
                 # every row emits exactly its own tokens, cycle by cycle
                 assert sum(stats.accepted_lengths) + 1 == len(sequence) - len(prompt)
@@ -232,7 +236,11 @@ def test_batch_tree_pass_holes_and_compaction_match_each_row_alone():
                 torch.testing.assert_close(step[r, 0], fresh, atol=1e-4, rtol=1e-4)
 
 
-def test_batch_sampling_law_per_row(monkeypatch):
+@pytest.mark.parametrize("verifier,budget", [("tev", 6), ("predraw", "auto")])
+def test_batch_sampling_law_per_row(verifier, budget, monkeypatch):
+    if budget == "auto":  # as in test_generation: sizes that grow trees whatever this machine's load
+        monkeypatch.setattr(hf_tev.generation, "probe_batch_costs", lambda *args, **kwargs: ([1, 64], [1e-2, 1e-2]))
+        monkeypatch.setattr(hf_tev.budget.AcceptanceCalibration, "__call__", lambda self, log_q: 0.5)
     target = make_target("qwen3", vocab_size=8, hidden_size=32, num_layers=2, seed=4)
     with torch.no_grad():
         target.lm_head.weight.mul_(2.0)
@@ -256,7 +264,7 @@ def test_batch_sampling_law_per_row(monkeypatch):
             top_p=1.0,
             assistant_model=drafter,
             return_dict_in_generate=True,
-            tev_config=TEVConfig(budget=6, verifier="tev"),
+            tev_config=TEVConfig(budget=budget, verifier=verifier, max_budget=6),
         )
         for r in range(len(prompts)):
             counts[r, out.sequences[r, width + 2], out.sequences[r, width + 3]] += 1
