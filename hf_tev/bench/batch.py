@@ -164,8 +164,10 @@ def run_batch_bench(config) -> dict:
     records = []
     with torch.no_grad():
         first = next(iter(prompt_sets.values()))
-        for job in jobs:  # warm-up
-            run_batch(models, job.method, job.drafter, job.budget, first[:2], pad, 8, sampling_kwargs(0, False), 0)
+        for job in jobs:  # warm-up at every batch size: kernels, and auto's cost probe (once per batch size)
+            for size in config.batch_sizes:
+                batch = [first[i % len(first)] for i in range(size)]
+                run_batch(models, job.method, job.drafter, job.budget, batch, pad, 8, sampling_kwargs(0, False), 0)
         for temperature in config.temperatures:
             sampling = sampling_kwargs(temperature, config.stop_at_eos, config.top_k, config.top_p, config.min_p)
             for set_name, prompts in prompt_sets.items():
