@@ -330,9 +330,11 @@ def processors_for_tree(logits_processor) -> LogitsProcessorList:
     for processor in logits_processor:
         if type(processor) is PrefixConstrainedLogitsProcessor:
             processor = PerRowPrefixConstraint(processor)
+        ignored = getattr(processor, "prompt_ignore_length", None)  # the repetition penalty's padding lengths
         if (
             type(processor) is RepetitionPenaltyLogitsProcessor
-            and getattr(processor.prompt_ignore_length, "numel", int)() == 1
+            and isinstance(ignored, torch.Tensor)
+            and len(ignored) == 1
         ):
             processor = _processor_for_row(processor, 0)  # one prompt's padding length, for calls of many nodes
         kind = type(processor)
