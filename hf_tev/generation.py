@@ -696,6 +696,11 @@ def _decode_batch(model, input_ids, logits_processor, stopping_criteria, generat
     sequences = [done[r][0] for r in range(input_ids.shape[0])]
     length = max(sequence.shape[1] for sequence in sequences)
     pad = generation_config._pad_token_tensor
+    if pad is None and any(sequence.shape[1] < length for sequence in sequences):
+        raise ValueError(
+            "Rows of the batch stopped at different lengths and there is no `pad_token_id` (nor EOS) to pad the "
+            "shorter ones with: pass `pad_token_id=`."
+        )
     result = torch.full((len(sequences), length), 0 if pad is None else int(pad.view(-1)[0]), device=device)
     for r, sequence in enumerate(sequences):
         result[r, : sequence.shape[1]] = sequence[0]

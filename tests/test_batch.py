@@ -13,7 +13,7 @@ from test_generation import (
     greedy,
     make_drafter,
 )
-from transformers import LogitsProcessorList
+from transformers import LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
 
 import hf_tev
 from hf_tev import TEVConfig
@@ -356,3 +356,29 @@ def test_one_left_padded_prompt_with_repetition_penalty():
         tev_config=TEVConfig(budget=8),
     )
     assert out.tolist() == expected.tolist()
+
+
+class StopRowEndingIn(StoppingCriteria):
+    """Stops a row whose prompt ends with `token` once it has `extra` new tokens (rows stop apart)."""
+
+    def __init__(self, width, token, extra):
+        self.width, self.token, self.extra = width, token, extra
+
+    def __call__(self, input_ids, scores, **kwargs):
+        long_enough = input_ids.shape[1] >= self.width + self.extra
+        return (input_ids[:, self.width - 1] == self.token) & long_enough
+
+
+def test_rows_stopped_by_a_criterion_are_padded_or_need_a_pad_token():
+    target = make_target("qwen3")
+    prompts = [PROMPTS[0], PROMPTS[1]]
+    ids, mask = left_padded(prompts)
+    criteria = StoppingCriteriaList([StopRowEndingIn(ids.shape[1], PROMPTS[0][-1], 3)])
+    settings = dict(attention_mask=mask, max_new_tokens=8, stopping_criteria=criteria, eos_token_id=None)
+    drafted = dict(assistant_model=make_drafter(target), tev_config=TEVConfig(budget=4))
+    out = greedy(target, ids, pad_token_id=5, **settings, **drafted)
+    alone = greedy(target, ids[1:], attention_mask=mask[1:], max_new_tokens=8)
+    assert out[0, ids.shape[1] + 3 :].tolist() == [5] * 5 and out[1].tolist() == alone[0].tolist()
+    target.generation_config.pad_token_id = None
+    with pytest.raises(ValueError, match="pad_token_id"):
+        greedy(target, ids, **settings, **drafted)
