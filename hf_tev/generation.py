@@ -480,27 +480,99 @@ class BatchTreeInputs:
 
     def select(self, cache: DynamicCache, keep: list[int]) -> None:
         """Keep only rows `keep` (in that order) of the cache and the mask state."""
-        index = torch.tensor(keep, device=self.hidden.device)
-        cache.batch_select_indices(index)
-        self.hidden = self.hidden[index]
+        self.hidden = select_rows(cache, self.hidden, keep)
 
     def compact(self, cache: DynamicCache, min_share: float = 0.25) -> bool:
-        """When at least `min_share` of the columns can go, move every row's visible columns to the right end
-        (in order; a row with fewer keeps hidden columns on the left, like left padding) and drop the columns
-        no row needs: one gather per layer, so a full copy only every so often. Returns whether it compacted."""
-        columns = self.hidden.shape[1]
-        kept = int((~self.hidden).sum(dim=1).max())
-        if columns - kept < max(1.0, min_share * columns):
+        """`compact_columns` of the cache and the mask state; whether it compacted."""
+        hidden = compact_columns(cache, self.hidden, min_share)
+        if hidden is None:
             return False
-        # a stable sort puts each row's hidden columns first and its visible ones after, each in order
-        index = torch.argsort((~self.hidden).to(torch.int8), dim=1, stable=True)[:, columns - kept :]  # [R, kept]
-        for layer in cache.layers:
-            for name in ("keys", "values"):
-                states = getattr(layer, name)
-                rows = index[:, None, :, None].expand(-1, states.shape[1], -1, states.shape[3])
-                setattr(layer, name, states.gather(2, rows))
-        self.hidden = self.hidden.gather(1, index)
+        self.hidden = hidden
         return True
+
+
+def select_rows(cache: DynamicCache, hidden: torch.Tensor, keep: list[int]) -> torch.Tensor:
+    """Keep only rows `keep` (in that order) of a batch cache; returns their `hidden` `[len(keep), C]`."""
+    index = torch.tensor(keep, dtype=torch.long, device=hidden.device)
+    cache.batch_select_indices(index)
+    return hidden[index]
+
+
+def compact_columns(cache: DynamicCache, hidden: torch.Tensor, min_share: float = 0.25) -> torch.Tensor | None:
+    """When at least `min_share` of a batch cache's columns can go (no row needs them), move every row's
+    visible columns to the right end (in order; a row with fewer keeps hidden columns on the left, like left
+    padding) and drop the rest: one gather per layer, so a full copy only every so often. Returns the new
+    `hidden` `[R, C']`, or None when nothing was done."""
+    columns = hidden.shape[1]
+    kept = int((~hidden).sum(dim=1).max()) if hidden.shape[0] else 0
+    if columns - kept < max(1.0, min_share * columns):
+        return None
+    # a stable sort puts each row's hidden columns first and its visible ones after, each in order
+    index = torch.argsort((~hidden).to(torch.int8), dim=1, stable=True)[:, columns - kept :]  # [R, kept]
+    for layer in cache.layers:
+        for name in ("keys", "values"):
+            states = getattr(layer, name)
+            rows = index[:, None, :, None].expand(-1, states.shape[1], -1, states.shape[3])
+            setattr(layer, name, states.gather(2, rows))
+    return hidden.gather(1, index)
+
+
+class BatchDrafter:
+    """Stage 1 for a batch: every row's block in ONE drafter call.
+
+    The drafter's context K/V of every row live in one cache with masked holes, like the target's
+    (`BatchTreeInputs`): each call appends every row's waiting context rows (the features of the tokens it
+    committed since its last draft, different counts per row) padded to the longest, and the padding stays
+    hidden from that row's blocks. Rows that leave the batch leave this cache too (`select`); holes go when
+    they are a large share (`compact`). A row drafts what it would draft alone (up to rounding).
+    """
+
+    def __init__(self, drafter, target, rows: int, device):
+        self.drafter, self.target = drafter, target
+        self.cache = drafter.new_cache()
+        self.hidden = torch.zeros(rows, 0, dtype=torch.bool, device=device)  # [R, C]: the cache's hidden columns
+
+    def draft(self, rows: list[_BatchRow], max_depths: list[int], budget: int | None) -> list[torch.Tensor | None]:
+        """Each row's drafter log-probs `[d_i, V]` of depths 1..d_i (None where no depth can be used),
+        `d_i = min(L - 1, max_depths[i], budget)` as `DFlashTreeCandidateGenerator.draft` for one prompt."""
+        candidates = [row.candidates for row in rows]
+        block, budget = candidates[0].block_size, candidates[0].budget if budget is None else budget
+        depths = [min(block - 1, depth, budget) for depth in max_depths]
+        if max(depths) <= 0:
+            return [None] * len(rows)
+        device = self.hidden.device
+        counts = [c.context.shape[1] for c in candidates]
+        width = max(counts)
+        features = candidates[0].context.new_zeros(len(rows), width, candidates[0].context.shape[2])
+        positions = torch.zeros(len(rows), width + block, dtype=torch.long, device=device)
+        padding = torch.ones(len(rows), width, dtype=torch.bool, device=device)  # [R, width]: the new holes
+        block_ids = candidates[0].block_ids.repeat(len(rows), 1)  # [R, L]: [root, MASK, ...]
+        for i, (row, c, count) in enumerate(zip(rows, candidates, counts, strict=True)):
+            features[i, :count], positions[i, :count] = c.context[0], c.context_positions[0]
+            positions[i, width:] = row.next_position + c.block_offsets[0]
+            padding[i, :count] = False
+            block_ids[i, 0] = row.root[0]
+            c.context = c.context_positions = None  # in the batch's drafter cache now
+        visible = torch.cat([~self.hidden, ~padding, torch.ones_like(block_ids, dtype=torch.bool)], dim=1)
+        logits = self.drafter.draft_logits(
+            self.target,
+            features,
+            block_ids,
+            positions,
+            cache=self.cache,
+            num_depths=max(depths),
+            attention_mask=visible,
+        )  # [R, max d, V]
+        self.hidden = torch.cat([self.hidden, padding], dim=1)
+        return [torch.log_softmax(logits[i, :d].float(), dim=-1) if d > 0 else None for i, d in enumerate(depths)]
+
+    def select(self, keep: list[int]) -> None:
+        self.hidden = select_rows(self.cache, self.hidden, keep)
+
+    def compact(self) -> None:
+        hidden = compact_columns(self.cache, self.hidden)
+        if hidden is not None:
+            self.hidden = hidden
 
 
 def batch_verifier_stage(trees, logits, committed_ids, logits_processors, verify, generator, cache, past):
@@ -621,6 +693,7 @@ def _decode_batch(model, input_ids, logits_processor, stopping_criteria, generat
         else:
             done[r] = (row.sequence[:, : stop + 1], row.stats)
     inputs = BatchTreeInputs(~real, model.dtype)
+    drafts = None if drafter is None else BatchDrafter(drafter, model, len(rows), device)
     if len(rows) < input_ids.shape[0]:
         inputs.select(cache, [row.index for row in rows])
     if rows and auto is not None and not auto.cost.probed:
@@ -632,7 +705,7 @@ def _decode_batch(model, input_ids, logits_processor, stopping_criteria, generat
     while rows:
         past = cache.get_seq_length()
         # 1.-2. Every row drafts and builds its own tree (with `auto`, of one size for the batch).
-        _draft_and_build_batch(rows, auto, generation_config.max_length, lookup, clock)
+        _draft_and_build_batch(rows, drafts, auto, generation_config.max_length, lookup, clock)
         # 3. ONE target forward over every row's tree.
         tokens, mask, position_ids = inputs([row.tree for row in rows], past, [row.next_position for row in rows])
         hidden_indices = rows[0].candidates.hidden_indices
@@ -688,9 +761,14 @@ def _decode_batch(model, input_ids, logits_processor, stopping_criteria, generat
                 done[rows[i].index] = (rows[i].sequence, rows[i].stats)
             rows = [row for i, row in enumerate(rows) if i not in finished]
             if rows:
-                inputs.select(cache, [i for i in range(len(paths)) if i not in finished])
+                keep = [i for i in range(len(paths)) if i not in finished]
+                inputs.select(cache, keep)
+                if drafts is not None:
+                    drafts.select(keep)
         if rows:
             inputs.compact(cache)
+            if drafts is not None:
+                drafts.compact()
 
     # Outputs: rows padded after their end with the pad token, as plain batched generate pads finished rows.
     sequences = [done[r][0] for r in range(input_ids.shape[0])]
@@ -713,8 +791,9 @@ def _decode_batch(model, input_ids, logits_processor, stopping_criteria, generat
     return TEVGenerateOutput(sequences=result, tev_stats=stats)
 
 
-def _draft_and_build_batch(rows: list[_BatchRow], auto: CostAwareBudget | None, max_length, lookup, clock) -> None:
-    """Stages 1 and 2 for every row of a batch; sets each row's `tree`, `draft_s` and `build_s`.
+def _draft_and_build_batch(rows, drafts: BatchDrafter | None, auto: CostAwareBudget | None, max_length, lookup, clock):
+    """Stages 1 and 2 for every row of a batch: one drafter call for every row (`BatchDrafter`), then each row's
+    tree; sets each row's `tree`, `draft_s` (the batch's drafter call) and `build_s`.
 
     A fixed budget: every row's tree as it would be alone. `budget="auto"`: one size n for every row's tree
     (`CostAwareBudget.common_size`: the most expected tokens per second of the whole batch, whose pass pays for
@@ -722,13 +801,15 @@ def _draft_and_build_batch(rows: list[_BatchRow], auto: CostAwareBudget | None, 
     the cap, then cut to its first n nodes (best-first trees are nested). Like any size fixed before the
     target's pass, this keeps every verifier exact."""
     cap = None if auto is None else auto.cap()
-    drafting = auto is None or auto.should_draft()
-    for row in rows:
-        clock.lap()
-        max_depth = max_length - row.sequence.shape[1] - 1
-        row.draft_logprobs = row.candidates.draft(row.root, row.next_position, max_depth, cap) if drafting else None
-        row.draft_s = clock.lap()
-        row.tree = row.candidates.build(row.draft_logprobs, row.root, None, cap, max_depth)
+    max_depths = [max_length - row.sequence.shape[1] - 1 for row in rows]
+    clock.lap()
+    drafted = [None] * len(rows)
+    if drafts is not None and (auto is None or auto.should_draft()):
+        drafted = drafts.draft(rows, max_depths, cap)
+    draft_s = clock.lap()
+    for row, draft_logprobs, max_depth in zip(rows, drafted, max_depths, strict=True):
+        row.draft_logprobs, row.draft_s = draft_logprobs, draft_s
+        row.tree = row.candidates.build(draft_logprobs, row.root, None, cap, max_depth)
         row.build_s = clock.lap()
     if auto is None:
         return
@@ -738,13 +819,12 @@ def _draft_and_build_batch(rows: list[_BatchRow], auto: CostAwareBudget | None, 
             row.stats.predicted_lengths.append(1.0)
         return
     if drafted:
-        auto.cost.observe_draft(sum(row.draft_s for row in rows))
+        auto.cost.observe_draft(draft_s)
     size, lengths = auto.common_size([(row.tree.path_logprobs or [0.0])[1:] for row in rows], drafted)
     auto.chose(size, drafted)
-    for row, length in zip(rows, lengths, strict=True):
+    for row, length, max_depth in zip(rows, lengths, max_depths, strict=True):
         if row.tree.num_nodes - 1 > size:
             clock.lap()
-            max_depth = max_length - row.sequence.shape[1] - 1
             row.tree = row.candidates.build(row.draft_logprobs, row.root, None, size, max_depth)
             row.build_s += clock.lap()
         row.stats.predicted_lengths.append(length)

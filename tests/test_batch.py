@@ -35,26 +35,24 @@ def left_padded(prompts, pad=0):
 def with_row_oracles(drafter, references):
     """`test_generation.with_oracle` for a batch: the drafter mostly knows each row's greedy continuation.
 
-    Every batch row drafts with its own drafter cache, created in row order; a call's cache tells its row.
-    `references[r]` is row r's sequence alone (no padding), indexed by the row's own position ids.
+    `references[r]` is row r's sequence alone (no padding), indexed by the row's own position ids. A batch drafts
+    every row in one call, in an order the oracle does not see: a block's row is the first reference with the
+    block's root at the root's position (a wrong guess only costs acceptance, never exactness).
     """
-    caches, new_cache, real = [], drafter.new_cache, drafter.draft_logits
+    real = drafter.draft_logits
 
-    def make_cache():
-        caches.append(new_cache())
-        return caches[-1]
-
-    def draft_logits(target, context, block_ids, position_ids, cache=None, num_depths=None):
-        logits = real(target, context, block_ids, position_ids, cache=cache, num_depths=num_depths)
-        row = next(i for i, c in enumerate(caches) if c is cache) % len(references)
-        reference, root_position = references[row], int(position_ids[0, -block_ids.shape[1]])
-        for depth in range(1, logits.shape[1] + 1):
-            position = root_position + depth
-            if position < len(reference):
-                logits[0, depth - 1, reference[position]] += 40.0 if position % 3 else 4.0
+    def draft_logits(target, context, block_ids, position_ids, cache=None, num_depths=None, attention_mask=None):
+        logits = real(target, context, block_ids, position_ids, cache, num_depths, attention_mask)
+        for i in range(block_ids.shape[0]):
+            root, root_position = int(block_ids[i, 0]), int(position_ids[i, -block_ids.shape[1]])
+            row = [r for r in references if len(r) > root_position and r[root_position] == root]
+            for depth in range(1, logits.shape[1] + 1):
+                position = root_position + depth
+                if row and position < len(row[0]):
+                    logits[i, depth - 1, row[0][position]] += 40.0 if position % 3 else 4.0
         return logits
 
-    drafter.new_cache, drafter.draft_logits = make_cache, draft_logits
+    drafter.draft_logits = draft_logits
     return drafter
 
 
@@ -382,3 +380,18 @@ def test_rows_stopped_by_a_criterion_are_padded_or_need_a_pad_token():
     target.generation_config.pad_token_id = None
     with pytest.raises(ValueError, match="pad_token_id"):
         greedy(target, ids, **settings, **drafted)
+
+
+def test_the_batched_drafter_drafts_each_row_as_alone():
+    # one drafter call for the batch, its context cache with holes: every row's trees and accepted lengths are
+    # those of the prompt alone (a wrong hole or position would change the drafts, hence the trees)
+    target = make_target("qwen3")
+    drafter = with_row_oracles(make_drafter(target), alone(target, PROMPTS, max_new_tokens=20))
+    ids, mask = left_padded(PROMPTS)
+    config = dict(max_new_tokens=20, assistant_model=drafter, tev_config=TEVConfig(budget=6))
+    config.update(return_dict_in_generate=True)
+    out = greedy(target, ids, attention_mask=mask, **config)
+    for prompt, stats in zip(PROMPTS, out.tev_stats, strict=True):
+        single = greedy(target, torch.tensor([prompt]), **config).tev_stats
+        assert (stats.tree_sizes, stats.accepted_lengths) == (single.tree_sizes, single.accepted_lengths)
+    assert max(s.tau for s in out.tev_stats) > 2
