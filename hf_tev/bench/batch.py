@@ -11,8 +11,8 @@ every row / the sum over batches of the median batch time) and `ar_tokens_per_s`
 same R), `speedup`, `tau` (every row's cycles pooled) and `tau_rows` (each row's own tau, batch by batch), and the
 tree pass of the batch: `pass_ms` (one target forward over every unfinished row's tree, per cycle),
 `pass_rows` and `pass_nodes` (rows and padded nodes per row in a pass, means), `tree_nodes` (a row's own tree,
-drafted nodes), `draft_ms` (every row's drafter call of a cycle together), `verify_ms` (the verifier stage of the
-batch), `cycles`. At T = 0, `greedy_exact` says whether every row equals that prompt's own plain greedy generate
+drafted nodes), `draft_ms` (the batch's drafter call, per cycle), `verify_ms` (the verifier stage of the batch),
+`cycles`. At T = 0, `greedy_exact` says whether every row equals that prompt's own plain greedy generate
 run alone, and `matches_batched_ar` whether it equals plain batched generate's row (which may differ from the
 prompt alone by rounding in padded batched kernels).
 """
@@ -115,7 +115,7 @@ def summarise_batches(runs: list[list[dict]], ar_runs: list[list[dict]], strip_p
         cycles=sum(max(row.num_cycles for row in run["stats"]) for run in firsts),
         pass_ms=1e3 * sum(sum(row.forward_times) for row in passes) / max(1, cycles),
         verify_ms=1e3 * sum(sum(row.verify_times) for row in passes) / max(1, cycles),
-        draft_ms=1e3 * sum(sum(r.draft_times) for run in timed for r in run["stats"]) / max(1, cycles),
+        draft_ms=1e3 * sum(sum(row.draft_times) for row in passes) / max(1, cycles),  # the batch's drafter call
         # one prompt runs the single-prompt path, which records no batch passes: 1 row of its own tree
         pass_rows=_mean([n for row in passes for n in row.pass_rows or [1] * row.num_cycles]),
         pass_nodes=_mean([n for row in passes for n in row.pass_nodes or [s + 1 for s in row.tree_sizes]]),

@@ -353,8 +353,8 @@ def batch_markdown(document: dict) -> str:
         "",
         "tok/s: new tokens of every row per second; ar tok/s: plain batched `generate` at the same batch size R; "
         "pass ms: one target forward over every unfinished row's tree, per cycle (rows x padded nodes per row "
-        "beside it); draft ms: every row's drafter call of a cycle; exact: every row equals its prompt's own "
-        "plain greedy generate alone (= batched ar: equals plain batched generate's row too).",
+        "beside it); draft ms: the batch's drafter call (every row's block), per cycle; exact: every row equals "
+        "its prompt's own plain greedy generate alone (= batched ar: equals plain batched generate's row too).",
     ]
     for warning in document["warnings"]:
         lines += ["", f"> {warning}"]
