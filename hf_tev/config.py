@@ -195,8 +195,8 @@ class TEVStats:
     # token, its bonus ("bonus"): the counts add up to the tokens the cycles emitted.
     accepted_by_source: dict = field(default_factory=dict)
     # a batch (`generate` of R > 1 prompts returns one TEVStats per row): per cycle of this row, the rows in the
-    # batch's tree pass and its padded node count (forward and verify times are the batch's, draft and build
-    # times the row's own).
+    # batch's tree pass and its padded node count (draft, forward and verify times are the batch's, build times
+    # the row's own).
     pass_rows: list[int] = field(default_factory=list)
     pass_nodes: list[int] = field(default_factory=list)
 

@@ -641,8 +641,8 @@ def _decode_batch(model, input_ids, logits_processor, stopping_criteria, generat
     """The tree decoding loop for R > 1 left-padded prompts (SPEC section 10); each row's output is the one
     `tree_speculative_decode` gives for it alone.
 
-    Each cycle every unfinished row drafts and builds its own tree (its own drafter cache and context index;
-    with `budget="auto"` one size for every row, `_draft_and_build_batch`); ONE target forward runs all trees
+    Each cycle one drafter call drafts every unfinished row's block (`BatchDrafter`) and each row builds its own
+    tree (with `budget="auto"` one size for every row, `_draft_and_build_batch`); ONE target forward runs all trees
     padded to a common node count; each row's verifier decides its path and the cache keeps every row's path
     (`batch_verifier_stage`, `BatchTreeInputs`). A row that stops leaves the batch and the cache at once, so it
     costs nothing further.
