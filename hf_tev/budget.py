@@ -270,3 +270,34 @@ class CostAwareBudget:
             on_path = set(path)
             self.calibration.update(path_logprobs[1:], [node in on_path for node in range(1, nodes + 1)])
         self.cost.observe(nodes, tree_s, rest_s)
+
+    # A batch of prompts (SPEC section 10): one size for every row's tree, this budget's cost being the batch's.
+    def common_size(self, rows_log_q: list[list[float]], drafted: bool = True) -> tuple[int, list[float]]:
+        """One tree size n for every row of a batch, and each row's predicted block length A_cal,r(n).
+
+        `rows_log_q[r]` are row r's drafted nodes' path log-probabilities in the builder's order (its tree at the
+        cap; best-first trees are nested, so its tree of n nodes is its first n). n maximises the batch's
+        expected tokens per second `sum_r A_cal,r(n) / T(n)`, with `T` this budget's cost model, which for a
+        batch is the cycle of every row at n nodes each (a sum of concave lengths over a convex cost: the scan
+        is exact). `chose` then reads this choice as the per-row mean."""
+        gains = [[self.calibration(log_q) for log_q in row] for row in rows_log_q]
+        rows = max(1, len(gains))
+        length, best = float(rows), 0
+        best_rate = length / self.cost.cycle(0, drafted)
+        self._state = {"length": 1.0, "rate": best_rate / rows}
+        for n in range(1, min(self.limit, max((len(g) for g in gains), default=0)) + 1):
+            length += sum(g[n - 1] for g in gains if len(g) >= n)
+            rate = length / self.cost.cycle(n, drafted)
+            if rate > best_rate:
+                best, best_rate = n, rate
+                self._state = {"length": length / rows, "rate": rate / rows}
+        return best, [1.0 + sum(g[:best]) for g in gains]
+
+    def observe_batch(self, rows: list[tuple[list[float] | None, list[int]]], nodes: int, tree_s: float, rest_s: float):
+        """`observe` for a batch cycle: every row's (path log-probabilities, accepted path) teaches the
+        calibration; the batch pass of `nodes` drafted nodes per row and the rest of the cycle, the cost."""
+        for path_logprobs, path in rows:
+            if path_logprobs is not None and len(path_logprobs) > 1:
+                on_path = set(path)
+                self.calibration.update(path_logprobs[1:], [node in on_path for node in range(1, len(path_logprobs))])
+        self.cost.observe(nodes, tree_s, rest_s)

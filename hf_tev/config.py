@@ -194,6 +194,11 @@ class TEVStats:
     # accepted drafted nodes by who proposed them ("drafter", "lookup", "both"); every cycle adds one more
     # token, its bonus ("bonus"): the counts add up to the tokens the cycles emitted.
     accepted_by_source: dict = field(default_factory=dict)
+    # a batch (`generate` of R > 1 prompts returns one TEVStats per row): per cycle of this row, the rows in the
+    # batch's tree pass and its padded node count (draft, forward and verify times are the batch's, build times
+    # the row's own).
+    pass_rows: list[int] = field(default_factory=list)
+    pass_nodes: list[int] = field(default_factory=list)
 
     def count_sources(self, sources: list[str] | None, path: list[int]) -> None:
         """Count one cycle's accepted nodes (`path`, root first) by source (`DraftTree.node_info.sources`; None:

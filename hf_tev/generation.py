@@ -207,10 +207,11 @@ def prefill(model, drafter, input_ids, cache, attention_mask=None, position_ids=
     there. `chunk_size` splits the forward into chunks of that many tokens (generate's `prefill_chunk_size`).
 
     Returns:
-        `(logits, features, positions, pad_columns)`: raw next-token logits `[1, V]` float32, the drafter's
-        context features `[1, n, k * hidden]` of the new tokens and their position ids `[1, n]` (pad rows of a
-        left-padded prompt dropped: the drafter never sees them), and the pad columns the tree mask must keep
-        hidden (`None` without padding).
+        `(logits, features, positions, pad_columns)`: raw next-token logits `[R, V]` float32, the drafter's
+        context features `[R, n, k * hidden]` of the new tokens and their position ids `[R, n]` (for one prompt,
+        pad rows of a left-padded prompt dropped: the drafter never sees them; a batch keeps every column, its
+        caller drops each row's pads), and the pad columns the tree mask must keep hidden (`None` without
+        padding, and for a batch).
     """
     past, length = cache.get_seq_length(), input_ids.shape[1]
     if position_ids is None:
@@ -232,7 +233,7 @@ def prefill(model, drafter, input_ids, cache, attention_mask=None, position_ids=
             features.append(drafter.context_features(out.hidden_states))  # [1, end - start, k * H]
     features = None if not features else features[0] if len(features) == 1 else torch.cat(features, dim=1)
     positions, pad_columns = position_ids[:, past:], None
-    if attention_mask is not None and not bool(attention_mask.all()):
+    if attention_mask is not None and input_ids.shape[0] == 1 and not bool(attention_mask.all()):
         real = attention_mask[0].bool()
         pad_columns = (~real).nonzero(as_tuple=True)[0]
         positions = positions[:, real[past:]]
@@ -240,16 +241,19 @@ def prefill(model, drafter, input_ids, cache, attention_mask=None, position_ids=
     return out.logits[:, -1].float(), features, positions, pad_columns
 
 
-def tree_forward(model, tree: DraftTree, cache, mask: torch.Tensor, position_ids: torch.LongTensor, hidden_indices):
+def tree_forward(model, tree, cache, mask: torch.Tensor, position_ids: torch.LongTensor, hidden_indices):
     """Stage 3: ONE target forward over the tree's tokens with the tree mask, appended to `cache`.
 
-    Returns the model output: `logits` `[1, N, V]` of every node and the `hidden_states` the drafter reads.
-    Targets with sliding-window layers get the mask per layer type (`hf_tev.target_layers`).
+    `tree` is a `DraftTree`, or for a batch the rows' trees padded to N nodes, `[R, N]` token ids (mask
+    `[R, 1, N, past + N]`, position ids `[R, N]`, see `BatchTreeInputs`).
+    Returns the model output: `logits` `[R, N, V]` of every node and the `hidden_states` the drafter reads.
+    A one-prompt tree on a target with sliding-window layers gets the mask per layer type (`hf_tev.target_layers`;
+    batches refuse such targets).
     """
     return model(
-        input_ids=tree.tokens[None],
+        input_ids=tree if isinstance(tree, torch.Tensor) else tree.tokens[None],
         position_ids=position_ids,
-        attention_mask=tree_attention_masks(model, tree.depths, mask),
+        attention_mask=mask if isinstance(tree, torch.Tensor) else tree_attention_masks(model, tree.depths, mask),
         cache=cache,
         output_hidden_states=hidden_indices,
         logits_to_keep=0,
@@ -285,12 +289,15 @@ ROW_WISE_PROCESSORS = frozenset(
 
 
 class PerRowPrefixConstraint(LogitsProcessor):
-    """`prefix_allowed_tokens_fn` for tree nodes: each row is called as row 0 of the user's batch of one
-    (`batch_id=0`) with that node's own sequence, exactly as plain decoding calls it (transformers' processor
-    would number the nodes of a call as batch rows 0..N-1)."""
+    """`prefix_allowed_tokens_fn` for tree nodes: each row is called as row `batch_id` of the user's batch
+    (0 for one prompt, the prompt's row in a batch) with that node's own sequence, exactly as plain decoding
+    calls it (transformers' processor would number the nodes of a call as batch rows 0..N-1)."""
 
-    def __init__(self, processor: PrefixConstrainedLogitsProcessor):
+    def __init__(self, processor: PrefixConstrainedLogitsProcessor, batch_id: int = 0):
         self.processor = processor  # built by generate for num_beams=1
+        if batch_id:
+            allowed = processor._prefix_allowed_tokens_fn
+            self.processor = PrefixConstrainedLogitsProcessor(lambda _, ids: allowed(batch_id, ids), 1)
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
         if input_ids.shape[0] == 1:
@@ -326,6 +333,13 @@ def processors_for_tree(logits_processor) -> LogitsProcessorList:
     for processor in logits_processor:
         if type(processor) is PrefixConstrainedLogitsProcessor:
             processor = PerRowPrefixConstraint(processor)
+        ignored = getattr(processor, "prompt_ignore_length", None)  # the repetition penalty's padding lengths
+        if (
+            type(processor) is RepetitionPenaltyLogitsProcessor
+            and isinstance(ignored, torch.Tensor)
+            and len(ignored) == 1
+        ):
+            processor = _processor_for_row(processor, 0)  # one prompt's padding length, for calls of many nodes
         kind = type(processor)
         if kind not in INPUT_IDS_PURE_PROCESSORS and kind not in _WARNED_PROCESSORS:
             _WARNED_PROCESSORS.add(kind)
@@ -376,15 +390,24 @@ def commit_accepted_path(cache: DynamicCache, past: int, path: torch.Tensor, pat
 
     Rows `past + path` move to `past .. past + len(path) - 1` on every layer, then the rest is cropped.
     When the path is the first `len(path)` nodes (often: node order is best-first), nothing moves.
+
+    For a batch, `path` is `[R, K]`: each row's accepted nodes padded to the longest path K (repeating its last
+    node); the rows move in one gather per layer and the window is cropped to `past + K`. A row whose path is
+    shorter than K keeps holes in its last `K - len` columns, which its mask hides (`BatchTreeInputs`).
     """
-    kept = path.numel()
+    kept = path.shape[-1]
     if not path_is_prefix:
         index = past + path
         for layer in cache.layers:
             if layer.keys is None:  # a KV-sharing layer (Gemma 4) that stores nothing of its own
                 continue
-            layer.keys[:, :, past : past + kept] = layer.keys.index_select(2, index)
-            layer.values[:, :, past : past + kept] = layer.values.index_select(2, index)
+            if path.dim() == 1:
+                layer.keys[:, :, past : past + kept] = layer.keys.index_select(2, index)
+                layer.values[:, :, past : past + kept] = layer.values.index_select(2, index)
+                continue
+            for states in (layer.keys, layer.values):  # [R, heads, past + N, head_dim]
+                rows = index[:, None, :, None].expand(-1, states.shape[1], -1, states.shape[3])
+                states[:, :, past : past + kept] = states.gather(2, rows)
     excess = cache.get_seq_length() - (past + kept)
     if excess:
         cache.crop(-excess)
@@ -397,6 +420,7 @@ def verifier_stage(tree, logits, committed_ids, logits_processor, verify, genera
         logits (`torch.FloatTensor` of shape `(N, V)`): raw target logits of the tree pass, float32.
         committed_ids (`torch.LongTensor` of shape `(1, past)`): the tokens in the cache.
         verify: a verifier of `hf_tev.verify.VERIFIERS` (`"greedy"` for greedy decoding).
+        cache: the target cache whose tree window after `past` keeps the accepted path; None leaves it as it is.
     Returns:
         `(path, bonus, processed)`: accepted node indices root first `[k + 1]` (on the host, as the verifiers
         return it: indexing device tensors with it needs no sync), the bonus token (0-dim, on the device) and the
@@ -410,9 +434,428 @@ def verifier_stage(tree, logits, committed_ids, logits_processor, verify, genera
             processed,
         )
     path, bonus = verify(tree, processed, generator=generator)  # path on the host: the verifier's one host sync
-    is_prefix = bool((path == torch.arange(path.numel())).all())
-    commit_accepted_path(cache, past, path.to(logits.device, non_blocking=True), is_prefix)
+    if cache is not None:  # (a batch commits every row's path at once: `batch_verifier_stage`)
+        is_prefix = bool((path == torch.arange(path.numel())).all())
+        commit_accepted_path(cache, past, path.to(logits.device, non_blocking=True), is_prefix)
     return path, bonus, processed
+
+
+# --------------------------------------------------------------------------------------------------------
+# Batches (SPEC section 10): one tree pass for every row's tree, each row's cache kept with masked holes
+# --------------------------------------------------------------------------------------------------------
+class BatchTreeInputs:
+    """The batch's tree-pass inputs, and which committed cache columns each row must not see.
+
+    All rows share one cache layout `[R, heads, C, head_dim]`. A row does not see its left padding, nor the
+    holes it keeps when it accepts a shorter path than the longest of the cycle (`commit_accepted_path` crops
+    the window to the longest path); `hidden` `[R, C]` marks those columns. A row sees its own committed tokens
+    at their own position ids, so its attention is the one it would have alone (the hidden columns add exact
+    zeros). `compact` removes holes once they are a large share of the cache; `select` drops finished rows.
+
+    Args:
+        hidden (`torch.BoolTensor` of shape `(R, C)`): committed columns each row must not see.
+        dtype (`torch.dtype`): the target's floating dtype (the additive mask's).
+    """
+
+    def __init__(self, hidden: torch.Tensor, dtype: torch.dtype):
+        self.hidden, self.dtype, self.min = hidden, dtype, torch.finfo(dtype).min
+
+    def __call__(self, trees: list[DraftTree], past: int, first_positions: list[int]):
+        """`(tokens [R, N], mask [R, 1, N, past + N], position_ids [R, N])` for the rows' trees padded to the
+        largest node count N. A padding node sees only itself and no node sees it; its outputs are ignored."""
+        rows, nodes, device = len(trees), max(tree.num_nodes for tree in trees), self.hidden.device
+        tokens = torch.zeros(rows, nodes, dtype=torch.long, device=device)
+        depths = torch.zeros(rows, nodes, dtype=torch.long, device=device)
+        visible = torch.eye(nodes, dtype=torch.bool, device=device).repeat(rows, 1, 1)  # [R, N, N]
+        for i, tree in enumerate(trees):
+            n = tree.num_nodes
+            tokens[i, :n], depths[i, :n] = tree.tokens, tree.depths
+            visible[i, :n, :n] = tree.visibility
+        mask = torch.zeros(rows, 1, nodes, past + nodes, dtype=self.dtype, device=device)
+        mask[..., :past].masked_fill_(self.hidden[:, None, None, :past], self.min)
+        mask[:, 0, :, past:].masked_fill_(~visible, self.min)
+        positions = depths + torch.tensor(first_positions, device=device)[:, None]
+        return tokens, mask, positions
+
+    def commit(self, lengths: list[int]) -> None:
+        """The cache grew by the longest accepted path; row i keeps `lengths[i]` of those columns."""
+        window = torch.arange(max(lengths), device=self.hidden.device)
+        holes = window[None] >= torch.tensor(lengths, device=self.hidden.device)[:, None]  # [R, K]
+        self.hidden = torch.cat([self.hidden, holes], dim=1)
+
+    def select(self, cache: DynamicCache, keep: list[int]) -> None:
+        """Keep only rows `keep` (in that order) of the cache and the mask state."""
+        self.hidden = select_rows(cache, self.hidden, keep)
+
+    def compact(self, cache: DynamicCache, min_share: float = 0.25) -> bool:
+        """`compact_columns` of the cache and the mask state; whether it compacted."""
+        hidden = compact_columns(cache, self.hidden, min_share)
+        if hidden is None:
+            return False
+        self.hidden = hidden
+        return True
+
+
+def select_rows(cache: DynamicCache, hidden: torch.Tensor, keep: list[int]) -> torch.Tensor:
+    """Keep only rows `keep` (in that order) of a batch cache; returns their `hidden` `[len(keep), C]`."""
+    index = torch.tensor(keep, dtype=torch.long, device=hidden.device)
+    cache.batch_select_indices(index)
+    return hidden[index]
+
+
+def compact_columns(cache: DynamicCache, hidden: torch.Tensor, min_share: float = 0.25) -> torch.Tensor | None:
+    """When at least `min_share` of a batch cache's columns can go (no row needs them), move every row's
+    visible columns to the right end (in order; a row with fewer keeps hidden columns on the left, like left
+    padding) and drop the rest: one gather per layer, so a full copy only every so often. Returns the new
+    `hidden` `[R, C']`, or None when nothing was done."""
+    columns = hidden.shape[1]
+    kept = int((~hidden).sum(dim=1).max()) if hidden.shape[0] else 0
+    if columns - kept < max(1.0, min_share * columns):
+        return None
+    # a stable sort puts each row's hidden columns first and its visible ones after, each in order
+    index = torch.argsort((~hidden).to(torch.int8), dim=1, stable=True)[:, columns - kept :]  # [R, kept]
+    for layer in cache.layers:
+        for name in ("keys", "values"):
+            states = getattr(layer, name)
+            rows = index[:, None, :, None].expand(-1, states.shape[1], -1, states.shape[3])
+            setattr(layer, name, states.gather(2, rows))
+    return hidden.gather(1, index)
+
+
+class BatchDrafter:
+    """Stage 1 for a batch: every row's block in ONE drafter call.
+
+    The drafter's context K/V of every row live in one cache with masked holes, like the target's
+    (`BatchTreeInputs`): each call appends every row's waiting context rows (the features of the tokens it
+    committed since its last draft, different counts per row) padded to the longest, and the padding stays
+    hidden from that row's blocks. Rows that leave the batch leave this cache too (`select`); holes go when
+    they are a large share (`compact`). A row drafts what it would draft alone (up to rounding).
+    """
+
+    def __init__(self, drafter, target, rows: int, device):
+        self.drafter, self.target = drafter, target
+        self.cache = drafter.new_cache()
+        self.hidden = torch.zeros(rows, 0, dtype=torch.bool, device=device)  # [R, C]: the cache's hidden columns
+
+    def draft(self, rows: list[_BatchRow], max_depths: list[int], budget: int | None) -> list[torch.Tensor | None]:
+        """Each row's drafter log-probs `[d_i, V]` of depths 1..d_i (None where no depth can be used),
+        `d_i = min(L - 1, max_depths[i], budget)` as `DFlashTreeCandidateGenerator.draft` for one prompt."""
+        candidates = [row.candidates for row in rows]
+        block, budget = candidates[0].block_size, candidates[0].budget if budget is None else budget
+        depths = [min(block - 1, depth, budget) for depth in max_depths]
+        if max(depths) <= 0:
+            return [None] * len(rows)
+        device = self.hidden.device
+        counts = [c.context.shape[1] for c in candidates]
+        width = max(counts)
+        features = candidates[0].context.new_zeros(len(rows), width, candidates[0].context.shape[2])
+        positions = torch.zeros(len(rows), width + block, dtype=torch.long, device=device)
+        padding = torch.ones(len(rows), width, dtype=torch.bool, device=device)  # [R, width]: the new holes
+        block_ids = candidates[0].block_ids.repeat(len(rows), 1)  # [R, L]: [root, MASK, ...]
+        for i, (row, c, count) in enumerate(zip(rows, candidates, counts, strict=True)):
+            features[i, :count], positions[i, :count] = c.context[0], c.context_positions[0]
+            positions[i, width:] = row.next_position + c.block_offsets[0]
+            padding[i, :count] = False
+            block_ids[i, 0] = row.root[0]
+            c.context = c.context_positions = None  # in the batch's drafter cache now
+        visible = torch.cat([~self.hidden, ~padding, torch.ones_like(block_ids, dtype=torch.bool)], dim=1)
+        logits = self.drafter.draft_logits(
+            self.target,
+            features,
+            block_ids,
+            positions,
+            cache=self.cache,
+            num_depths=max(depths),
+            attention_mask=visible,
+        )  # [R, max d, V]
+        self.hidden = torch.cat([self.hidden, padding], dim=1)
+        return [torch.log_softmax(logits[i, :d].float(), dim=-1) if d > 0 else None for i, d in enumerate(depths)]
+
+    def select(self, keep: list[int]) -> None:
+        self.hidden = select_rows(self.cache, self.hidden, keep)
+
+    def compact(self) -> None:
+        hidden = compact_columns(self.cache, self.hidden)
+        if hidden is not None:
+            self.hidden = hidden
+
+
+def batch_verifier_stage(trees, logits, committed_ids, logits_processors, verify, generator, cache, past):
+    """Stage 4 for a batch: `verifier_stage` for every row's tree, then one commit of every row's path.
+
+    Args:
+        logits (`torch.FloatTensor` of shape `(R, N, V)`): raw target logits of the batch's tree pass, float32.
+        committed_ids (`list` of `torch.LongTensor` of shape `(1, past_i)`): each row's committed tokens (its
+            left padding included, as plain batched generate's processors see them).
+        logits_processors (`list` of `LogitsProcessorList`): each row's processors (`processors_for_row`).
+    Returns:
+        `(paths, bonuses, processed)`, one entry per row, as `verifier_stage` returns them; the cache window
+        after `past` holds every row's path in its first columns (see `commit_accepted_path`).
+    """
+    paths, bonuses, processed = [], [], []
+    for i, tree in enumerate(trees):
+        path, bonus, scores = verifier_stage(
+            tree, logits[i, : tree.num_nodes], committed_ids[i], logits_processors[i], verify, generator, None, past
+        )
+        paths.append(path)
+        bonuses.append(bonus)
+        processed.append(scores)
+    longest = max(path.numel() for path in paths)
+    padded = torch.stack([torch.cat([path, path[-1:].expand(longest - path.numel())]) for path in paths])
+    is_prefix = bool((padded == torch.arange(longest)).all())
+    commit_accepted_path(cache, past, padded.to(logits.device, non_blocking=True), is_prefix)
+    return paths, bonuses, processed
+
+
+def processors_for_row(logits_processor: LogitsProcessorList, row: int) -> LogitsProcessorList:
+    """The processors of batch row `row`, each of whose calls takes that row's tree nodes as its rows:
+    `prefix_allowed_tokens_fn` is called with `batch_id=row`, and the repetition penalty skips the row's own
+    left padding (generate gives it every row's padding length, one per batch row)."""
+    return LogitsProcessorList(_processor_for_row(p, row) for p in logits_processor)
+
+
+def _processor_for_row(processor, row: int):
+    if type(processor) is PerRowPrefixConstraint and row:
+        return PerRowPrefixConstraint(processor.processor, batch_id=row)
+    if type(processor) is RepetitionPenaltyLogitsProcessor and isinstance(processor.prompt_ignore_length, torch.Tensor):
+        return RepetitionPenaltyLogitsProcessor(processor.penalty, int(processor.prompt_ignore_length[row]))
+    return processor
+
+
+@dataclass
+class _BatchRow:
+    """One prompt of a batch while it decodes: its own sequence, drafter state, budget and statistics."""
+
+    index: int  # its row in the caller's batch
+    sequence: torch.Tensor  # [1, L]: the padded prompt, the committed tokens and the root
+    next_position: int  # the root's position id
+    candidates: DFlashTreeCandidateGenerator
+    processors: LogitsProcessorList
+    stats: TEVStats
+    tree: DraftTree | None = None
+    draft_logprobs: torch.Tensor | None = None
+    draft_s: float = 0.0
+    build_s: float = 0.0
+
+    @property
+    def root(self) -> torch.Tensor:
+        return self.sequence[0, -1:]
+
+
+def _decode_batch(model, input_ids, logits_processor, stopping_criteria, generation_config, drafter, tev_config, **kw):
+    """The tree decoding loop for R > 1 left-padded prompts (SPEC section 10); each row's output is the one
+    `tree_speculative_decode` gives for it alone.
+
+    Each cycle one drafter call drafts every unfinished row's block (`BatchDrafter`) and each row builds its own
+    tree (with `budget="auto"` one size for every row, `_draft_and_build_batch`); ONE target forward runs all trees
+    padded to a common node count; each row's verifier decides its path and the cache keeps every row's path
+    (`batch_verifier_stage`, `BatchTreeInputs`). A row that stops leaves the batch and the cache at once, so it
+    costs nothing further.
+    """
+    attention_mask = kw.get("attention_mask")
+    real = torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
+    device, do_sample, width = input_ids.device, generation_config.do_sample, input_ids.shape[1]
+    verify = VERIFIERS[tev_config.verifier if do_sample else "greedy"]
+    generator = None if tev_config.seed is None else torch.Generator(device=device).manual_seed(tev_config.seed)
+    lookup, return_dict = tev_config.lookup, generation_config.return_dict_in_generate
+    clock = StageClock(device)
+    cache = DynamicCache(config=model.config)
+    if any(type(layer) is not DynamicLayer for layer in cache.layers):
+        raise ValueError(
+            "hf_tev tree decoding of a batch supports full-attention models only (this model's cache has "
+            f"{sorted({type(layer).__name__ for layer in cache.layers})}): decode its prompts one at a time."
+        )
+
+    # 0. Prefill: every prompt at once, each row's real tokens at positions 0, 1, ... as it would be alone (as
+    # generate's own position ids for a left-padded batch).
+    positions = kw.get("position_ids")
+    if positions is None:
+        positions = (real.long().cumsum(dim=-1) - 1).clamp(min=0)  # [R, n]
+    raw, features, _, _ = prefill(
+        model, drafter, input_ids, cache, attention_mask, positions, generation_config.prefill_chunk_size
+    )
+    rows, done = [], {}  # unfinished rows (in cache order); finished: index -> (sequence, stats)
+    auto = None
+    if tev_config.is_auto:  # one size for the batch, against the cost of the batch's cycle (see README)
+        auto = automatic_budget(model, drafter, tev_config, generation_config, batch=input_ids.shape[0])
+    for r in range(input_ids.shape[0]):
+        candidates = DFlashTreeCandidateGenerator(drafter, model, tev_config)
+        keep = real[r]
+        candidates.update_candidate_strategy(
+            None if features is None else features[r : r + 1, keep],
+            positions[r : r + 1, keep],
+            input_ids[r, keep].tolist() if lookup else None,
+        )
+        processors = processors_for_row(logits_processor, r)
+        root = next_token(processors(input_ids[r : r + 1], raw[r : r + 1]), do_sample, generator)  # [1]
+        row = _BatchRow(
+            r, torch.cat([input_ids[r : r + 1], root[None]], 1), int(positions[r, -1]) + 1, candidates, processors,
+            TEVStats(),
+        )  # fmt: skip
+        stop = first_stop(stopping_criteria, row.sequence, width)
+        if stop is None:
+            rows.append(row)
+        else:
+            done[r] = (row.sequence[:, : stop + 1], row.stats)
+    inputs = BatchTreeInputs(~real, model.dtype)
+    drafts = None if drafter is None else BatchDrafter(drafter, model, len(rows), device)
+    if len(rows) < input_ids.shape[0]:
+        inputs.select(cache, [row.index for row in rows])
+    if rows and auto is not None and not auto.cost.probed:
+        auto.cost.set_probe(*probe_batch_costs(model, cache, inputs, rows, tev_config.max_budget + 1))
+    prefill_s = clock.lap()
+    for row in rows:
+        row.stats.prefill_time = prefill_s
+
+    while rows:
+        past = cache.get_seq_length()
+        # 1.-2. Every row drafts and builds its own tree (with `auto`, of one size for the batch).
+        _draft_and_build_batch(rows, drafts, auto, generation_config.max_length, lookup, clock)
+        # 3. ONE target forward over every row's tree.
+        tokens, mask, position_ids = inputs([row.tree for row in rows], past, [row.next_position for row in rows])
+        hidden_indices = rows[0].candidates.hidden_indices
+        out = tree_forward(model, tokens, cache, mask, position_ids, hidden_indices)
+        logits = out.logits.float()  # [R, N, V]
+        forward_s = clock.lap()
+        # 4. Verifier stage: every row's decision, one cache commit.
+        paths, bonuses, processed = batch_verifier_stage(
+            [row.tree for row in rows],
+            logits,
+            [row.sequence[:, :-1] for row in rows],
+            [row.processors for row in rows],
+            verify,
+            generator,
+            cache,
+            past,
+        )
+        inputs.commit([path.numel() for path in paths])
+        verify_s = clock.lap()
+        # 5. Commit per row: drafter context, tokens, stop, statistics.
+        features = rows[0].candidates.features(out.hidden_states)  # [R, N, k * H] or None
+        del out
+        finished = []
+        for i, (row, path, bonus) in enumerate(zip(rows, paths, bonuses, strict=True)):
+            tree, accepted, start = row.tree, path.numel(), row.sequence.shape[1]
+            row.sequence = torch.cat([row.sequence, tree.tokens[path[1:]][None], bonus.view(1, 1)], dim=1)
+            row.candidates.update_candidate_strategy(
+                None if features is None else features[i : i + 1, path],
+                torch.arange(row.next_position, row.next_position + accepted, device=device)[None],
+                row.sequence[0, start - 1 : -1].tolist() if lookup else None,
+            )
+            row.next_position += accepted
+            stop = first_stop(stopping_criteria, row.sequence, start)
+            if stop is not None:
+                row.sequence = row.sequence[:, : stop + 1]
+                finished.append(i)
+            stats, path_nodes = row.stats, path.tolist()
+            stats.record(accepted, tree.num_nodes - 1, row.draft_s, row.build_s, forward_s, verify_s)
+            stats.pass_rows.append(len(rows))
+            stats.pass_nodes.append(tokens.shape[1])
+            stats.count_sources(tree.node_info.sources if tree.node_info else None, path_nodes)
+            row.candidates.observe(tree, path_nodes)
+            if return_dict:
+                plain = not do_sample or tree.num_nodes == 1
+                stats.coverages.append(float(accepted) if plain else float(target_flow(tree, processed[i])[0].sum()))
+        rest_s = clock.lap()
+        if auto is not None:
+            outcomes = [(row.tree.path_logprobs, path.tolist()) for row, path in zip(rows, paths, strict=True)]
+            auto.observe_batch(outcomes, tokens.shape[1] - 1, forward_s, verify_s + rest_s)
+        # Finished rows leave the batch and the cache; holes go once they are a large share of the cache.
+        if finished:
+            for i in finished:
+                done[rows[i].index] = (rows[i].sequence, rows[i].stats)
+            rows = [row for i, row in enumerate(rows) if i not in finished]
+            if rows:
+                keep = [i for i in range(len(paths)) if i not in finished]
+                inputs.select(cache, keep)
+                if drafts is not None:
+                    drafts.select(keep)
+        if rows:
+            inputs.compact(cache)
+            if drafts is not None:
+                drafts.compact()
+
+    # Outputs: rows padded after their end with the pad token, as plain batched generate pads finished rows.
+    sequences = [done[r][0] for r in range(input_ids.shape[0])]
+    length = max(sequence.shape[1] for sequence in sequences)
+    pad = generation_config._pad_token_tensor
+    if pad is None and any(sequence.shape[1] < length for sequence in sequences):
+        raise ValueError(
+            "Rows of the batch stopped at different lengths and there is no `pad_token_id` (nor EOS) to pad the "
+            "shorter ones with: pass `pad_token_id=`."
+        )
+    result = torch.full((len(sequences), length), 0 if pad is None else int(pad.view(-1)[0]), device=device)
+    for r, sequence in enumerate(sequences):
+        result[r, : sequence.shape[1]] = sequence[0]
+    if not return_dict:
+        return result
+    stats = [done[r][1] for r in range(input_ids.shape[0])]
+    if auto is not None:
+        for row_stats in stats:
+            row_stats.budget_model = auto.cost.summary()
+    return TEVGenerateOutput(sequences=result, tev_stats=stats)
+
+
+def _draft_and_build_batch(rows, drafts: BatchDrafter | None, auto: CostAwareBudget | None, max_length, lookup, clock):
+    """Stages 1 and 2 for every row of a batch: one drafter call for every row (`BatchDrafter`), then each row's
+    tree; sets each row's `tree`, `draft_s` (the batch's drafter call) and `build_s`.
+
+    A fixed budget: every row's tree as it would be alone. `budget="auto"`: one size n for every row's tree
+    (`CostAwareBudget.common_size`: the most expected tokens per second of the whole batch, whose pass pays for
+    the largest tree in every row), the drafter on or paused for the whole batch; each row's tree is built at
+    the cap, then cut to its first n nodes (best-first trees are nested). Like any size fixed before the
+    target's pass, this keeps every verifier exact."""
+    cap = None if auto is None else auto.cap()
+    max_depths = [max_length - row.sequence.shape[1] - 1 for row in rows]
+    clock.lap()
+    drafted = [None] * len(rows)
+    if drafts is not None and (auto is None or auto.should_draft()):
+        drafted = drafts.draft(rows, max_depths, cap)
+    draft_s = clock.lap()
+    for row, draft_logprobs, max_depth in zip(rows, drafted, max_depths, strict=True):
+        row.draft_logprobs, row.draft_s = draft_logprobs, draft_s
+        row.tree = row.candidates.build(draft_logprobs, row.root, None, cap, max_depth)
+        row.build_s = clock.lap()
+    if auto is None:
+        return
+    drafted = any(row.draft_logprobs is not None for row in rows)
+    if not (drafted or lookup):
+        for row in rows:
+            row.stats.predicted_lengths.append(1.0)
+        return
+    if drafted:
+        auto.cost.observe_draft(draft_s)
+    size, lengths = auto.common_size([(row.tree.path_logprobs or [0.0])[1:] for row in rows], drafted)
+    auto.chose(size, drafted)
+    for row, length, max_depth in zip(rows, lengths, max_depths, strict=True):
+        if row.tree.num_nodes - 1 > size:
+            clock.lap()
+            row.tree = row.candidates.build(row.draft_logprobs, row.root, None, size, max_depth)
+            row.build_s += clock.lap()
+        row.stats.predicted_lengths.append(length)
+
+
+def probe_batch_costs(model, cache, inputs: BatchTreeInputs, rows, max_tokens: int, repeats: int = 2):
+    """`probe_tree_costs` for a batch: seconds of one tree pass of every row over 1, 2, 4, ... `max_tokens` tokens
+    per row (the best of `repeats`), the cache left as it was."""
+    past = cache.get_seq_length()
+    clock = StageClock(cache.layers[0].keys.device)
+    sizes = [1 << i for i in range(max_tokens.bit_length()) if (1 << i) <= max_tokens]
+    if max_tokens > 1.25 * sizes[-1]:
+        sizes.append(max_tokens)
+    seconds = []
+    for size in sizes:
+        no_logprobs = torch.zeros(size - 1, 1)
+        chains = [chain_tree(no_logprobs, size - 1, row.root) for row in rows]
+        best = math.inf
+        for _ in range(repeats):
+            clock.lap()
+            tokens, mask, positions = inputs(chains, past, [row.next_position for row in rows])
+            tree_forward(model, tokens, cache, mask, positions, rows[0].candidates.hidden_indices)
+            best = min(best, clock.lap())
+            cache.crop(past - cache.get_seq_length())
+        seconds.append(best)
+    return sizes, seconds
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -422,15 +865,18 @@ _CALIBRATIONS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # drafte
 _COSTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # target -> {key: CycleCost}
 
 
-def automatic_budget(model, drafter, tev_config: TEVConfig, generation_config) -> CostAwareBudget:
-    """A `CostAwareBudget` for one call, with the calibration and cost model learnt by earlier calls on the
-    same drafter and target (kept as long as the models live)."""
+def automatic_budget(model, drafter, tev_config: TEVConfig, generation_config, batch: int = 1) -> CostAwareBudget:
+    """A `CostAwareBudget` for one call (for one row of a batch of `batch` prompts), with the calibration and
+    cost model learnt by earlier calls on the same drafter and target (kept as long as the models live). A
+    batch's cost model is the pass of `batch` rows: it has its own entry per batch size."""
     sampling = (generation_config.do_sample, generation_config.temperature if generation_config.do_sample else 0)
     owner = model if drafter is None else drafter  # lookup alone: the calibration of the target's context drafts
     key = (id(model), sampling, tev_config.lookup)
     calibration = _CALIBRATIONS.setdefault(owner, {}).setdefault(key, AcceptanceCalibration())
     device = model.get_input_embeddings().weight.device
     cost_key = (str(device), model.dtype, torch.get_num_threads(), model.config._attn_implementation)
+    if batch > 1:
+        cost_key += (batch,)
     cost = _COSTS.setdefault(model, {}).setdefault(cost_key, CycleCost())
     return CostAwareBudget(tev_config.max_budget, calibration, cost)
 
@@ -624,8 +1070,6 @@ def _check_supported(model, drafter, input_ids, generation_config, tev_config, m
             f"hf_tev's tree decoding does not pass {unknown} to the target's forward (it decodes text input_ids "
             "with attention_mask / position_ids / cache only)."
         )
-    if input_ids.shape[0] != 1:
-        raise ValueError(f"hf_tev tree decoding supports batch size 1 only, got a batch of {input_ids.shape[0]}.")
     attention_mask = model_kwargs.get("attention_mask")
     if attention_mask is not None:
         if not bool(attention_mask.any()):
@@ -635,10 +1079,12 @@ def _check_supported(model, drafter, input_ids, generation_config, tev_config, m
                 f"`attention_mask` of shape {tuple(attention_mask.shape)} does not cover `input_ids` of shape "
                 f"{tuple(input_ids.shape)}: hf_tev's tree decoding takes the full sequence and its full mask."
             )
-        if not bool(attention_mask[0, -1]):
+        if not bool(attention_mask[:, -1].all()):
+            rows = (~attention_mask[:, -1].bool()).nonzero()[:, 0].tolist()
             raise ValueError(
-                "`attention_mask` masks the prompt's last token (right padding or an empty prompt); "
-                "tree decoding takes a left-padded prompt whose last token is real."
+                f"`attention_mask` masks the last token of prompt row(s) {rows} (right padding or an empty "
+                "prompt); tree decoding takes left-padded prompts whose last token is real "
+                "(tokenizer(..., padding_side='left'))."
             )
     check_tree_layers(model)  # target layers that cannot branch in a tree pass, before their cache is looked at
     cache = model_kwargs.get("cache")
@@ -690,6 +1136,34 @@ def _check_supported(model, drafter, input_ids, generation_config, tev_config, m
         )
 
 
+def _check_batch(input_ids, generation_config, model_kwargs, streamer) -> None:
+    """What a batch of prompts cannot ask for (one prompt can), each named before any model call."""
+    batch, width = input_ids.shape
+    cache = model_kwargs.get("cache")
+    if cache is not None and cache.get_seq_length() > 0:
+        raise ValueError(
+            f"A batch of {batch} prompts cannot continue from a pre-filled cache with hf_tev tree decoding: "
+            "pass the whole sequences without `cache`, or continue each prompt alone."
+        )
+    if streamer is not None:
+        raise ValueError("A streamer takes one sequence; hf_tev tree decoding of a batch does not stream.")
+    for name in ("output_scores", "output_logits"):
+        if generation_config.return_dict_in_generate and getattr(generation_config, name, False):
+            raise ValueError(
+                f"`{name}=True` with a batch of {batch} prompts is not supported by hf_tev tree decoding (rows "
+                "emit different numbers of tokens per cycle); decode the prompts one at a time for scores."
+            )
+    if width >= generation_config.max_length:
+        mask = model_kwargs.get("attention_mask")
+        lengths = [width] * batch if mask is None else mask.sum(dim=1).tolist()
+        rows = [r for r, n in enumerate(lengths) if n >= generation_config.max_length] or list(range(batch))
+        raise ValueError(
+            f"Prompt row(s) {rows} are at least `max_length`={generation_config.max_length} tokens long (the "
+            f"batch is {width} columns with its left padding): nothing can be generated; raise `max_length` "
+            "or set `max_new_tokens`."
+        )
+
+
 def next_token(scores: torch.Tensor, do_sample: bool, generator=None) -> torch.LongTensor:
     """The target's own next token from processed scores `[1, V]` -> `[1]` (the prefill's root)."""
     if do_sample:
@@ -716,20 +1190,29 @@ def tree_speculative_decode(
     """The tree decoding loop, with the signature of a transformers `custom_generate` callable.
 
     Args:
-        input_ids (`torch.LongTensor` of shape `(1, prompt_length)`): the prompt (with a pre-filled `cache`, the
-            whole sequence; only the tokens the cache does not hold are prefilled).
+        input_ids (`torch.LongTensor` of shape `(R, prompt_length)`): the prompt (with a pre-filled `cache`, the
+            whole sequence; only the tokens the cache does not hold are prefilled), or R > 1 left-padded
+            prompts (`_decode_batch`).
         drafter (`DFlashDraftModel`): the drafter (`assistant_model=` on the `generate` route).
         tev_config (`TEVConfig` or `dict`, *optional*): defaults to `TEVConfig()`.
         streamer, tokenizer: as for `generate` (the route uses the tokenizer for `stop_strings` and
             `token_healing`).
     Returns:
-        `torch.LongTensor` of shape `(1, total_length)`, or a `TEVGenerateOutput` with
+        `torch.LongTensor` of shape `(R, total_length)`, or a `TEVGenerateOutput` with
         `return_dict_in_generate=True`, whose `cache` holds every returned token but the last, as plain
-        `generate`'s does.
+        `generate`'s does. For a batch, rows that stopped early are padded with `pad_token_id` as plain
+        generate pads them, `tev_stats` is a list with each row's `TEVStats`, and no cache is returned (rows
+        leave the cache as they stop).
     """
     tev_config = TEVConfig() if tev_config is None else TEVConfig.coerce(tev_config)
     _check_supported(model, drafter, input_ids, generation_config, tev_config, model_kwargs)
     logits_processor = processors_for_tree(logits_processor)
+    if input_ids.shape[0] > 1:
+        _check_batch(input_ids, generation_config, model_kwargs, streamer)
+        return _decode_batch(
+            model, input_ids, logits_processor, stopping_criteria, generation_config, drafter, tev_config,
+            **model_kwargs,
+        )  # fmt: skip
     cache = full_length_cache(model, model_kwargs.get("cache"))  # sliding layers at full length, windowed by mask
     device, do_sample = input_ids.device, generation_config.do_sample
     verify = VERIFIERS[tev_config.verifier if do_sample else "greedy"]

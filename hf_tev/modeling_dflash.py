@@ -211,7 +211,14 @@ class DFlashDraftModel(PreTrainedModel):
         return DynamicCache(config=self.config)
 
     def draft_logits(
-        self, target, context_hidden_states, block_ids, position_ids, cache=None, num_depths: int | None = None
+        self,
+        target,
+        context_hidden_states,
+        block_ids,
+        position_ids,
+        cache=None,
+        num_depths: int | None = None,
+        attention_mask=None,
     ) -> torch.Tensor:
         """Draft marginals of one block: `[B, L - 1, V]` logits q_1..q_D from the target's LM head.
 
@@ -223,6 +230,8 @@ class DFlashDraftModel(PreTrainedModel):
             cache: `new_cache()` or None. The new context K/V are kept; the block rows are removed again.
             num_depths (`int`, *optional*): score only q_1..q_num_depths (`[B, num_depths, V]`); the block is
                 still drafted whole, so these rows are the same as without it.
+            attention_mask (*optional*): as for `forward` (e.g. a 2D `[B, past + c + L]` mask, 1 = visible, for
+                rows whose cached or new context columns include padding).
         """
         depths = block_ids.shape[1] - 1
         if num_depths is not None and (
@@ -232,7 +241,9 @@ class DFlashDraftModel(PreTrainedModel):
                 f"num_depths must be an int in [0, {depths}] (the block's drafted depths), got {num_depths!r}"
             )
         noise_embeds = target.get_input_embeddings()(block_ids)  # [B, L, H]
-        block_rows = self(noise_embeds, context_hidden_states, position_ids, cache=cache).last_hidden_state
+        block_rows = self(
+            noise_embeds, context_hidden_states, position_ids, attention_mask, cache=cache
+        ).last_hidden_state
         if cache is not None:
             cache.crop(-block_ids.shape[1])  # a view: only context K/V remain, no copy
         head = target.get_output_embeddings()

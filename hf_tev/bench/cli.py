@@ -26,6 +26,8 @@ Decoding methods side by side in one process, interleaved per prompt: tau, 1 + C
         --prompt-sets humaneval --output bench_t06  # the paper's Table 3 is at T = 0.6
     python -m hf_tev.bench --target Qwen/Qwen3-4B --drafters z-lab/Qwen3-4B-DFlash-b16 --assistant Qwen/Qwen3-0.6B \\
         --device cuda --dtype bfloat16 --prompt-sets mt_bench,humaneval,gsm8k,math500 --temperatures 0,0.6,1
+    hf-tev bench --methods ar,tev --drafters drafter-dflash-l135 --budgets 8,auto --batch-sizes 1,4,8 \\
+        --temperatures 0 --max-prompts 8 --max-new-tokens 32 --output bench_batch   # batches against batched ar
     hf-tev bench report bench_out/bench.json --output elsewhere   # re-render bench.md / bench.png, no run
 
 Every run uses the same prompts, max_new_tokens, dtype and device. Within one temperature and prompt set, the
@@ -105,6 +107,12 @@ def build_parser(prog="hf-tev bench") -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, default=defaults["seed"])
     parser.add_argument("--prompt-lookup-num-tokens", type=int, default=defaults["prompt_lookup_num_tokens"])
     parser.add_argument("--stop-at-eos", action="store_true", help="stop at EOS (default: exactly max_new_tokens)")
+    parser.add_argument(
+        "--batch-sizes",
+        type=lambda s: _csv(s, int),
+        default=None,
+        help="e.g. 1,4,8: the batch bench instead (prompts R at a time; hf_tev methods against batched ar)",
+    )
     parser.add_argument("--no-chat-template", dest="chat_template", action="store_false")
     parser.add_argument("--no-progress", dest="progress", action="store_false")
     return parser
@@ -135,7 +143,12 @@ def main(argv: list[str] | None = None, prog: str = "hf-tev bench") -> dict:
         check_output_folder(config.output)
     except ValueError as error:
         parser.error(str(error))
-    document = run_bench(config)
+    if config.batch_sizes is not None:
+        from .batch import run_batch_bench
+
+        document = run_batch_bench(config)
+    else:
+        document = run_bench(config)
     paths = write_outputs(document, config.output)
     print(markdown_report(document))
     print("wrote " + ", ".join(str(p) for p in paths.values()))

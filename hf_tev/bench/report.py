@@ -17,6 +17,7 @@ from pathlib import Path
 from .methods import METHODS, REFERENCE_METHOD, REFERENCE_VERIFIER
 
 SCHEMA = "hf_tev.bench/1"
+BATCH_SCHEMA = "hf_tev.bench/batch-1"  # `hf-tev bench --batch-sizes` (`hf_tev.bench.batch`)
 JSON_NAME, MARKDOWN_NAME, PLOT_NAME = "bench.json", "bench.md", "bench.png"
 
 
@@ -194,6 +195,8 @@ def _cycle_breakdown(at_t, temperature) -> list[str]:
 
 
 def markdown_report(document: dict) -> str:
+    if document.get("schema") == BATCH_SCHEMA:
+        return batch_markdown(document)
     records, settings, machine = document["records"], document["settings"], document["machine"]
     sets = list(dict.fromkeys(r["prompt_set"] for r in records))
     fixed = [b for b in settings["budgets"] if b != "auto"]
@@ -231,6 +234,8 @@ def plot_report(document: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    if document.get("schema") == BATCH_SCHEMA:
+        return _plot_batches(document, path, plt)
     records, temperatures = document["records"], document["settings"]["temperatures"]
     budgets = sorted(b for b in document["settings"]["budgets"] if b != "auto")
     drafters = list(dict.fromkeys(r["drafter"] for r in records if r["drafter"] is not None))
@@ -328,3 +333,93 @@ def write_outputs(document: dict, output: str | Path) -> dict[str, Path]:
     text = json.dumps(document, indent=1, sort_keys=False) + "\n"
     (folder / JSON_NAME).write_text(text)
     return {"json": folder / JSON_NAME, **write_report(json.loads(text), folder)}
+
+
+# --------------------------------------------------------------------------------------------------------
+# Batches (`hf-tev bench --batch-sizes`)
+# --------------------------------------------------------------------------------------------------------
+def batch_markdown(document: dict) -> str:
+    """bench.md of a batch bench: per temperature and prompt set, one row per method and batch size."""
+    settings, machine = document["settings"], document["machine"]
+    lines = [
+        "# hf-tev bench: batches",
+        "",
+        f"{machine['device_name']} ({machine['device']}, {machine['dtype']}), {machine['cpu_count']} cores, torch "
+        f"threads {machine['torch_threads']}, load average "
+        f"{' -> '.join(f'{x:.2f}' for x in machine['load_average'])}; torch {machine['torch']}, transformers "
+        f"{machine['transformers']}. Prompts per set: {settings['max_prompts']} (max, cycled to fill a batch), "
+        f"max_new_tokens {settings['max_new_tokens']}, repeats {settings['repeats']}, batch sizes "
+        f"{settings['batch_sizes']}.",
+        "",
+        "tok/s: new tokens of every row per second; ar tok/s: plain batched `generate` at the same batch size R; "
+        "pass ms: one target forward over every unfinished row's tree, per cycle (rows x padded nodes per row "
+        "beside it); draft ms: the batch's drafter call (every row's block), per cycle; exact: every row equals "
+        "its prompt's own plain greedy generate alone (= batched ar: equals plain batched generate's row too).",
+    ]
+    for warning in document["warnings"]:
+        lines += ["", f"> {warning}"]
+    keys = sorted({(r["temperature"], r["prompt_set"]) for r in document["records"]}, key=str)
+    for temperature, set_name in keys:
+        lines += [
+            "",
+            f"## T = {temperature:g}, {set_name}",
+            "",
+            "| R | method | drafter | budget | tok/s | ar tok/s | speedup | τ | τ per row | pass ms | rows x nodes "
+            "| tree nodes | draft ms | verify ms | exact |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        ]
+        for r in document["records"]:
+            if (r["temperature"], r["prompt_set"]) != (temperature, set_name):
+                continue
+            exact = "—" if "greedy_exact" not in r else ("yes" if r["greedy_exact"] else "NO")
+            if "matches_batched_ar" in r:
+                exact += " (= batched ar)" if r["matches_batched_ar"] else " (≠ batched ar)"
+            tau_rows, budget = r.get("tau_rows"), "—" if r["budget"] is None else r["budget"]
+            lines.append(
+                f"| {r['batch_size']} | {r['method']} | {r['drafter'] or '—'} | {budget} "
+                f"| {r['tokens_per_s']:.1f} | {r['ar_tokens_per_s']:.1f} | {r['speedup']:.2f} "
+                f"| {_fmt(r.get('tau'))} | {_rows(tau_rows)} | {_fmt(r.get('pass_ms'), '.1f')} "
+                f"| {_fmt(r.get('pass_rows'), '.1f')} x {_fmt(r.get('pass_nodes'), '.1f')} "
+                f"| {_fmt(r.get('tree_nodes'), '.1f')} | {_fmt(r.get('draft_ms'), '.1f')} "
+                f"| {_fmt(r.get('verify_ms'), '.1f')} | {exact} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def _rows(values, shown=8):
+    if not values:
+        return "—"
+    text = " ".join(f"{v:.2f}" for v in values[:shown])
+    return text + (" …" if len(values) > shown else "")
+
+
+def _batch_label(record) -> str:
+    return _label(record) + ("" if record["budget"] is None else f" B={record['budget']}")
+
+
+def _plot_batches(document: dict, path: Path, plt) -> None:
+    """tokens/s and τ against batch size, one column per temperature (mean over prompt sets)."""
+    records, temperatures = document["records"], document["settings"]["temperatures"]
+    sizes = sorted({r["batch_size"] for r in records})
+    figure, axes = plt.subplots(2, len(temperatures), figsize=(5 * len(temperatures) + 2.5, 7), squeeze=False)
+    for column, temperature in enumerate(temperatures):
+        at_t = [r for r in records if r["temperature"] == temperature]
+        for row, (key, name) in enumerate((("tokens_per_s", "tokens/s"), ("tau", "τ (block length)"))):
+            ax = axes[row][column]
+            for label in dict.fromkeys(_batch_label(r) for r in at_t):
+                mine = [r for r in at_t if _batch_label(r) == label and r.get(key) is not None]
+                xs = [s for s in sizes if any(r["batch_size"] == s for r in mine)]
+                if xs:
+                    ys = [statistics.fmean(r[key] for r in mine if r["batch_size"] == s) for s in xs]
+                    ax.plot(xs, ys, marker="o", label=label, color=f"C{_rank(mine[0]['method']) % 10}")
+            ax.set_xscale("log", base=2)
+            ax.set_xticks(sizes, [str(s) for s in sizes])
+            ax.set_xlabel("batch size R")
+            ax.set_ylabel(name)
+            ax.set_title(f"{name}, T = {temperature:g}")
+            ax.grid(alpha=0.3)
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    figure.legend(handles, labels, loc="center right", fontsize=8)
+    figure.tight_layout(rect=(0, 0, 1 - 2.4 / figure.get_figwidth(), 1))
+    figure.savefig(path, dpi=110)
+    plt.close(figure)

@@ -60,6 +60,8 @@ class BenchConfig:
         seed (`int`, defaults to 0): prompt i of every method runs from `torch.manual_seed(seed + i)`.
         prompt_lookup_num_tokens (`int`, defaults to 10), stop_at_eos (`bool`, defaults to False),
         chat_template (`bool`, defaults to True: applied when the tokenizer has one), progress (`bool`).
+        batch_sizes (`list[int]`, *optional*): run the batch bench instead (`hf_tev.bench.batch`): the prompts R at
+            a time through `generate`, for every R, hf_tev's methods against `ar` (plain batched generate).
     """
 
     methods: list[str] = field(default_factory=lambda: list(METHODS))
@@ -84,6 +86,7 @@ class BenchConfig:
     stop_at_eos: bool = False
     chat_template: bool = True
     progress: bool = True
+    batch_sizes: list[int] | None = None
 
     def __post_init__(self):
         for name, known in (("methods", METHODS), ("prompt_sets", PROMPT_SETS)):
@@ -129,6 +132,11 @@ class BenchConfig:
         for name in ("max_prompts", "max_new_tokens", "repeats", "prompt_lookup_num_tokens"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {getattr(self, name)!r}")
+        if self.batch_sizes is not None and (
+            not self.batch_sizes
+            or any(isinstance(r, bool) or not isinstance(r, int) or r < 1 for r in self.batch_sizes)
+        ):
+            raise ValueError(f"batch_sizes must be non-empty ints >= 1, got {self.batch_sizes}")
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
         if self.device is None:
@@ -136,6 +144,8 @@ class BenchConfig:
         _check_device(self.device)
         if self.threads is None and self.device == "cpu":
             self.threads = 1
+        if self.batch_sizes is not None:
+            self.batch_sizes = list(dict.fromkeys(self.batch_sizes))
         for name in ("methods", "drafters", "budgets", "temperatures", "prompt_sets"):  # a repeat adds nothing
             setattr(self, name, list(dict.fromkeys(getattr(self, name))))
 
