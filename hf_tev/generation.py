@@ -70,7 +70,7 @@ from .budget import AcceptanceCalibration, CostAwareBudget, CycleCost
 from .config import TEVConfig, TEVStats, tree_memory_bytes
 from .lookup import ContextIndex, LookupStats, build_merged_tree, lookup_path_logprobs
 from .route import generation_setting
-from .target_layers import check_tree_layers, full_length_cache, tree_attention_masks
+from .target_layers import check_tree_layers, full_length_cache, sliding_window, tree_attention_masks
 from .tree import TREE_BUILDERS, DraftTree, TreeInputs, chain_tree
 from .verify import VERIFIERS, target_flow
 
@@ -660,9 +660,11 @@ def _decode_batch(model, input_ids, logits_processor, stopping_criteria, generat
     lookup, return_dict = tev_config.lookup, generation_config.return_dict_in_generate
     clock = StageClock(device)
     cache = DynamicCache(config=model.config)
-    if any(type(layer) is not DynamicLayer for layer in cache.layers):
+    if sliding_window(model) is not None or any(type(layer) is not DynamicLayer for layer in cache.layers):
+        # the batch's holed cache columns would shift each row's window: the windowed tree mask is one-prompt only
         raise ValueError(
-            "hf_tev tree decoding of a batch supports full-attention models only (this model's cache has "
+            "hf_tev tree decoding of a batch supports full-attention models only; this model has sliding-window "
+            f"attention (window {sliding_window(model)}; cache layers "
             f"{sorted({type(layer).__name__ for layer in cache.layers})}): decode its prompts one at a time."
         )
 

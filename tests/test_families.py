@@ -428,3 +428,24 @@ def test_gemma_drafter_from_target_saves_and_loads(family, tmp_path):
             loaded.draft_logits(target, features, block, torch.arange(13)[None]),
             drafter.draft_logits(target, features, block, torch.arange(13)[None]),
         )
+
+
+@pytest.mark.parametrize("family", ["qwen3_moe", "llama31", "gemma3"])
+def test_a_batch_decodes_each_row_as_alone_or_refuses_sliding_windows(family):
+    # full-attention families batch like Qwen3; a sliding-window target is refused by name before any pass
+    target = make_family_target(family)
+    prompts = [long_prompt(96, seed=5, length=20), long_prompt(96, seed=6, length=13)]
+    batch = torch.zeros(2, 20, dtype=torch.long)
+    attention_mask = torch.zeros(2, 20, dtype=torch.long)
+    for row, prompt in enumerate(prompts):
+        batch[row, -prompt.shape[1] :], attention_mask[row, -prompt.shape[1] :] = prompt[0], 1
+    drafter = make_family_drafter(target, family)
+    kwargs = dict(do_sample=False, max_new_tokens=12, assistant_model=drafter, tev_config=TEVConfig(budget=8))
+    if family == "gemma3":
+        with pytest.raises(ValueError, match="sliding-window"):
+            target.generate(batch, attention_mask=attention_mask, **kwargs)
+        return
+    out = target.generate(batch, attention_mask=attention_mask, **kwargs)
+    for row, prompt in enumerate(prompts):
+        alone = target.generate(prompt, do_sample=False, max_new_tokens=12)[0, prompt.shape[1] :]
+        assert out[row, 20:].tolist() == alone.tolist(), row
