@@ -12,10 +12,12 @@ import pytest
 import torch
 from conftest import make_target
 from test_train_cli import ROWS, kit_path, run, small, summary
+from test_training import make_args as training_args
+from test_training import make_rows as training_rows
 
 import hf_tev.training.trainer as trainer_module
 from hf_tev.modeling_dflash import DFlashDraftModel
-from hf_tev.training import ExitTrainer, ExitTrainingArguments
+from hf_tev.training import ExitTrainer
 from hf_tev.training.opd import (
     accepted_depths,
     collect_rollouts,
@@ -39,32 +41,13 @@ def make_drafter(target, seed=0):
     return DFlashDraftModel.from_target(target, num_layers=1, block_size=BLOCK_SIZE)
 
 
-def make_rows(n=4, length=12, prompt_length=3, seed=1):
-    generator = torch.Generator().manual_seed(seed)
-    return [
-        {"input_ids": torch.randint(3, 96, (length,), generator=generator).tolist(), "prompt_length": prompt_length}
-        for _ in range(n)
-    ]
+def make_rows():
+    return training_rows(n=4, length=12)
 
 
 def make_args(tmp_path, **overrides):
-    settings = dict(
-        output_dir=str(tmp_path / "out"),
-        use_cpu=True,
-        report_to=[],
-        disable_tqdm=True,
-        save_strategy="no",
-        logging_steps=1,
-        per_device_train_batch_size=2,
-        objective="opd",
-        tree_budget=4,
-        anchors_per_sequence=4,
-        opd_rollout_max_new_tokens=10,
-        max_steps=2,
-        seed=0,
-    )
-    settings.update(overrides)
-    return ExitTrainingArguments(**settings)
+    opd = dict(objective="opd", tree_budget=4, anchors_per_sequence=4, opd_rollout_max_new_tokens=10)
+    return training_args(tmp_path, **{**opd, **overrides})
 
 
 def logged(trainer, key, after_step=0):

@@ -226,6 +226,17 @@ def markdown_report(document: dict) -> str:
     return "\n".join(out) + "\n"
 
 
+def _save_figure(figure, axes, path: Path) -> None:
+    """One legend for the whole figure at its right edge (room kept for it), written to `path` and closed."""
+    import matplotlib.pyplot as plt
+
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    figure.legend(handles, labels, loc="center right", fontsize=8)
+    figure.tight_layout(rect=(0, 0, 1 - 2.4 / figure.get_figwidth(), 1))
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
 def plot_report(document: dict, path: Path) -> None:
     """tau and SR against budget, one column per temperature (mean over prompt sets); methods without a budget
     are horizontal lines."""
@@ -275,11 +286,7 @@ def plot_report(document: dict, path: Path) -> None:
             ax.set_ylabel(name)
             ax.set_title(f"{name}, T = {temperature:g} (mean over prompt sets)")
             ax.grid(alpha=0.3)
-    handles, labels = axes[0][0].get_legend_handles_labels()
-    figure.legend(handles, labels, loc="center right", fontsize=8)
-    figure.tight_layout(rect=(0, 0, 1 - 2.4 / figure.get_figwidth(), 1))
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
+    _save_figure(figure, axes, path)
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -418,8 +425,4 @@ def _plot_batches(document: dict, path: Path, plt) -> None:
             ax.set_ylabel(name)
             ax.set_title(f"{name}, T = {temperature:g}")
             ax.grid(alpha=0.3)
-    handles, labels = axes[0][0].get_legend_handles_labels()
-    figure.legend(handles, labels, loc="center right", fontsize=8)
-    figure.tight_layout(rect=(0, 0, 1 - 2.4 / figure.get_figwidth(), 1))
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
+    _save_figure(figure, axes, path)
