@@ -26,7 +26,9 @@ KIT_MODELS = {
     "drafter-prefix": "drafter-dflash + tree loss with prefix weight P(v) (Table 2 ablation)",
     "drafter-exittrain": "drafter-dflash + tree loss with exit weight w(v) * depth(v) (ExitTrain)",
     "drafter-dflash-l135": "drafter-exittrain widened to read target layers 1, 3, 5, then standard-objective "
-    "steps on sampled + greedy target data (the kit's strongest drafter)",
+    "steps on sampled + greedy target data",
+    "drafter-dflash-3l": "drafter-dflash-l135 deepened to 3 layers, then 2,100 standard-objective steps on cached "
+    "target features (the long run, examples/tiny_kit/runs/kit_drafter_run; the kit's strongest drafter)",
 }
 KIT_DRAFTERS = [name for name in KIT_MODELS if name.startswith("drafter-")]
 PROMPT_SETS = {"heldout": "heldout.json", "humaneval": "humaneval.json"}
