@@ -153,9 +153,25 @@ def load_target():
     return tokenizer, target
 
 
+def weighted_rows(specs: list[str] | None) -> tuple[list[dict], dict[str, int]]:
+    """Rows of `--data` entries `PATTERN[:N]` (kit-relative globs; N copies of each row, default 1: the way to
+    over-sample a file, e.g. the greedy continuations for temperature 0); without `specs`, every data file once."""
+    if not specs:
+        return load_rows()
+    rows, counts = [], {}
+    for spec in specs:
+        pattern, _, times = spec.partition(":")
+        found, found_counts = load_rows((str(KIT / pattern),))
+        if not found:
+            raise ValueError(f"--data {spec!r} matches no rows")
+        rows += found * int(times or 1)
+        counts |= {f"{name} x{int(times or 1)}": n for name, n in found_counts.items()}
+    return rows, counts
+
+
 def prepare(args, target):
     """Rows, the updated feature cache and the (deepened, checked) initial drafter."""
-    rows, counts = load_rows()
+    rows, counts = weighted_rows(args.data)
     cache = FeatureCache(args.cache, target, TARGET_LAYERS, dtype=torch.float16)
     started = time.time()
     added = cache.update(rows, batch_size=8, max_batch_tokens=4096)
@@ -338,6 +354,9 @@ def main():
         sub = commands.add_parser(name)
         sub.add_argument("--init", default=str(KIT / "drafter-dflash-l135"))
         sub.add_argument("--num-layers", type=int, default=3)
+        sub.add_argument(
+            "--data", nargs="+", help="PATTERN[:N] kit-relative row files, N copies each (default: every file once)"
+        )
         sub.add_argument("--cache", default=str(BUILD / "feature_cache"))
         sub.add_argument("--run", default=str(BUILD / "kit_drafter_run"))
         sub.add_argument("--max-steps", type=int, default=20_000)
