@@ -20,6 +20,9 @@ Plain Python (no torch, no transformers); `hf_tev.generation` feeds it measured 
   decrease is the maximum. A cycle is compared with plain decoding, 1 / T_plain: when even the best tree
   does not pay for the drafter, the next cycles skip the drafter (their features wait, see
   `DFlashTreeCandidateGenerator`) for 1, 2, 4, ... cycles, and drafting is tried again after each pause.
+- **Probes.** The calibration learns only from built nodes, so a node it turns down although its own Q says
+  it pays is built anyway now and then (after 2, 4, 8, ... such cycles in a row): one bad start cannot switch
+  speculation off for good.
 - **Exactness.** Everything the rule reads is fixed before the cycle's tree pass (the drafter's output, earlier
   cycles' times and outcomes), never this cycle's target draws, so every verifier stays exact.
 """
@@ -31,6 +34,7 @@ import math
 from dataclasses import dataclass, field
 
 # Bucket edges of log Q (natural log), high to low; bucket b holds log Q in (EDGES[b + 1], EDGES[b]].
+PROBE_START = 2  # declined cycles in a row before the first probe (`CostAwareBudget._probe_due`)
 LOG_Q_EDGES = (0.0, -0.1, -0.25, -0.5, -0.75, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0, -9.0, -math.inf)
 
 
@@ -197,6 +201,7 @@ class CostAwareBudget:
         self.predicted = 1.0  # A_cal of the last chosen tree
         self.limit = min(max_budget, 16)  # this cycle's cap, see `cap`
         self.recent: list[int] = []  # sizes chosen in the last drafted cycles
+        self.declined, self.probe_interval = 0, PROBE_START  # see `_probe_due`
 
     def cap(self) -> int:
         """The most nodes this cycle's tree may take. The builder's cost grows with its cap (a top-k of that
@@ -212,28 +217,52 @@ class CostAwareBudget:
             return False
         return True
 
-    def size_rule(self, drafted: bool = True):
+    def size_rule(self, drafted: bool = True, explore: bool = True):
         """A fresh `size_rule(n, path_logprob) -> bool` for the tree builder: add node n while the expected
         tokens per second A_cal(n) / T(n) still grows (`drafted=False`: this cycle's candidates cost no
-        drafter call, e.g. context drafts alone)."""
+        drafter call, e.g. context drafts alone). With `explore`, the first node may be added as a probe
+        although the calibration says it does not pay (`_probe_due`)."""
         state = {"length": 1.0, "rate": 1.0 / self.cost.cycle(0, drafted)}
 
         def add_node(nodes: int, log_q: float) -> bool:
             length = state["length"] + self.calibration(log_q)
             rate = length / self.cost.cycle(nodes, drafted)
-            if nodes > self.limit or rate < state["rate"]:
+            if nodes > self.limit:
                 return False
+            if rate < state["rate"]:
+                if not (explore and nodes == 1 and self._probe_due(log_q, drafted)):
+                    return False
+            elif explore and nodes == 1:  # the rule builds trees again on its own: probes start over
+                self.declined, self.probe_interval = 0, PROBE_START
             state["length"], state["rate"] = length, rate
             return True
 
         self._state = state
         return add_node
 
+    def _probe_due(self, log_q: float, drafted: bool) -> bool:
+        """Whether a cycle whose first node the calibration turned down builds it anyway, as a probe.
+
+        The calibration learns only from nodes that are built: after a few unlucky cycles it can turn down
+        every node, and then it never sees another outcome, so one bad start would switch speculation off for
+        good (and for later calls, which share the calibration). A node whose own probability Q says it pays
+        (uncalibrated: `1 + Q` tokens per `T(1)` beat plain decoding) but which the calibration turns down is
+        built after `probe_interval` such cycles in a row; the interval doubles with every probe (up to
+        `max_pause`) and starts over once the rule builds trees by itself. A probe costs one node's share of a
+        pass; a node that even its own Q says does not pay (a useless drafter) is never probed."""
+        if (1.0 + math.exp(log_q)) / self.cost.cycle(1, drafted) <= 1.0 / self.cost.cycle(0, drafted):
+            return False
+        self.declined += 1
+        if self.declined < self.probe_interval:
+            return False
+        self.declined, self.probe_interval = 0, min(2 * self.probe_interval, self.max_pause)
+        return True
+
     def best_rate(self, path_logprobs: list[float], drafted: bool) -> float:
         """The expected tokens per second of the best tree of these nodes (root first, in the builder's order),
         as `size_rule` would cut it."""
         kept = getattr(self, "_state", None)  # the rule of this cycle's tree stays the one `chose` reads
-        rule = self.size_rule(drafted)
+        rule = self.size_rule(drafted, explore=False)
         for nodes, log_q in enumerate(path_logprobs[1:], start=1):
             if not rule(nodes, log_q):
                 break

@@ -172,3 +172,29 @@ def test_the_drafter_pauses_when_a_tree_without_it_is_better():
     nodes = next((n - 1 for n in range(1, 3) if not rule(n, drafter_paths[n])), 2)
     budget.chose(nodes, drafted=True)
     assert budget.should_draft()
+
+
+def test_a_calibration_that_turned_everything_down_is_probed_again_and_recovers():
+    # A bad start: the first node (Q = 0.6, which pays on its own: 1.6 tokens for 1.23 plain cycles) was
+    # rejected 40 times, so the calibration now says it does not pay and, learning only from built nodes, would
+    # never see another outcome. Probes build it after 2, then 4, 8, ... declined cycles in a row.
+    cost = CycleCost()
+    cost.set_probe([1, 2, 4, 8, 16], [5e-3 * (1 + 0.3 * k) for k in (1, 2, 4, 8, 16)])
+    calibration = AcceptanceCalibration(decay=1.0)
+    log_q = math.log(0.6)
+    calibration.update([log_q] * 40, [False] * 40)
+    budget = CostAwareBudget(16, calibration, cost, max_pause=8)
+    built = [budget.size_rule(drafted=False)(1, log_q) for _ in range(24)]
+    probes = [cycle for cycle, node in enumerate(built) if node]
+    assert probes == [1, 5, 13, 21]  # after 2, 4, 8, 8 declined cycles (the interval doubles up to max_pause)
+    # best_rate (the what-if of a cycle without the drafter) neither probes nor counts
+    declined = budget.declined
+    budget.best_rate([0.0, log_q], drafted=False)
+    assert budget.declined == declined
+    # what the probes saw (the node accepted) restores the calibration: the rule builds it on merit, probes reset
+    for _ in range(40):
+        budget.observe([0.0, log_q], [0, 1], tree_s=6.5e-3, rest_s=0.0)
+    assert budget.size_rule(drafted=False)(1, log_q)
+    assert (budget.declined, budget.probe_interval) == (0, 2)
+    # a node that does not pay even by its own Q is never probed
+    assert not any(budget.size_rule(drafted=False)(1, math.log(0.05)) for _ in range(40))
