@@ -225,12 +225,16 @@ class CostAwareBudget:
         state = {"length": 1.0, "rate": 1.0 / self.cost.cycle(0, drafted)}
 
         def add_node(nodes: int, log_q: float) -> bool:
-            length = state["length"] + self.calibration(log_q)
-            rate = length / self.cost.cycle(nodes, drafted)
             if nodes > self.limit:
                 return False
+            cycle = self.cost.cycle(nodes, drafted)
+            length = state["length"] + self.calibration(log_q)
+            rate = length / cycle
             if rate < state["rate"]:
-                if not (explore and nodes == 1 and self._probe_due(log_q, drafted)):
+                if not (explore and nodes == 1):
+                    return False
+                own_rate = (state["length"] + math.exp(log_q)) / cycle  # by the node's own Q, uncalibrated
+                if not self._probe_due(pays_by_own_q=own_rate > state["rate"]):
                     return False
             elif explore and nodes == 1:  # the rule builds trees again on its own: probes start over
                 self.declined, self.probe_interval = 0, PROBE_START
@@ -240,7 +244,7 @@ class CostAwareBudget:
         self._state = state
         return add_node
 
-    def _probe_due(self, log_q: float, drafted: bool) -> bool:
+    def _probe_due(self, pays_by_own_q: bool) -> bool:
         """Whether a cycle whose first node the calibration turned down builds it anyway, as a probe.
 
         The calibration learns only from nodes that are built: after a few unlucky cycles it can turn down
@@ -250,7 +254,7 @@ class CostAwareBudget:
         built after `probe_interval` such cycles in a row; the interval doubles with every probe (up to
         `max_pause`) and starts over once the rule builds trees by itself. A probe costs one node's share of a
         pass; a node that even its own Q says does not pay (a useless drafter) is never probed."""
-        if (1.0 + math.exp(log_q)) / self.cost.cycle(1, drafted) <= 1.0 / self.cost.cycle(0, drafted):
+        if not pays_by_own_q:
             return False
         self.declined += 1
         if self.declined < self.probe_interval:

@@ -161,11 +161,14 @@ def weighted_rows(specs: list[str] | None) -> tuple[list[dict], dict[str, int]]:
     rows, counts = [], {}
     for spec in specs:
         pattern, _, times = spec.partition(":")
+        if times and not (times.isdigit() and int(times) > 0):
+            raise ValueError(f"--data {spec!r}: N in PATTERN:N must be a positive integer")
+        copies = int(times or 1)
         found, found_counts = load_rows((str(KIT / pattern),))
         if not found:
             raise ValueError(f"--data {spec!r} matches no rows")
-        rows += found * int(times or 1)
-        counts |= {f"{name} x{int(times or 1)}": n for name, n in found_counts.items()}
+        rows += found * copies
+        counts |= {f"{name} x{copies}": n for name, n in found_counts.items()}
     return rows, counts
 
 
