@@ -15,9 +15,10 @@ Plain Python (no torch, no transformers); `hf_tev.generation` feeds it measured 
   t_tree over sizes comes from a probe of a few sizes (a CPU pays nearly per token, a GPU almost nothing up to
   a large size), its level follows the cycles' own measurements (the context grows, the machine's load
   changes); t_draft and t_rest (a line in n) are running averages / a running least-squares fit.
-- **Choice** (`CostAwareBudget.size_rule`). While the builder pops nodes, the rule adds node n as long as
-  A_cal(n) / T(n) keeps growing; with A_cal concave and T convex the ratio is unimodal, so the first
-  decrease is the maximum. A cycle is compared with plain decoding, 1 / T_plain: when even the best tree
+- **Choice** (`SizeRule`). While the builder pops nodes, the rule follows A_cal(n) / T(n), and the tree is cut
+  to the n where it is largest. The ratio need not be unimodal (a CPU pays most for the first tree token), so
+  the builder goes on until no larger tree can win (A_cal concave, T non-decreasing: a bound), at most to the
+  cycle's cap. A cycle is compared with plain decoding, 1 / T_plain: when even the best tree
   does not pay for the drafter, the next cycles skip the drafter (their features wait, see
   `DFlashTreeCandidateGenerator`) for 1, 2, 4, ... cycles, and drafting is tried again after each pause.
 - **Probes.** The calibration learns only from built nodes, so a node it turns down although its own Q says
@@ -217,32 +218,11 @@ class CostAwareBudget:
             return False
         return True
 
-    def size_rule(self, drafted: bool = True, explore: bool = True):
-        """A fresh `size_rule(n, path_logprob) -> bool` for the tree builder: add node n while the expected
-        tokens per second A_cal(n) / T(n) still grows (`drafted=False`: this cycle's candidates cost no
-        drafter call, e.g. context drafts alone). With `explore`, the first node may be added as a probe
-        although the calibration says it does not pay (`_probe_due`)."""
-        state = {"length": 1.0, "rate": 1.0 / self.cost.cycle(0, drafted)}
-
-        def add_node(nodes: int, log_q: float) -> bool:
-            if nodes > self.limit:
-                return False
-            cycle = self.cost.cycle(nodes, drafted)
-            length = state["length"] + self.calibration(log_q)
-            rate = length / cycle
-            if rate < state["rate"]:
-                if not (explore and nodes == 1):
-                    return False
-                own_rate = (state["length"] + math.exp(log_q)) / cycle  # by the node's own Q, uncalibrated
-                if not self._probe_due(pays_by_own_q=own_rate > state["rate"]):
-                    return False
-            elif explore and nodes == 1:  # the rule builds trees again on its own: probes start over
-                self.declined, self.probe_interval = 0, PROBE_START
-            state["length"], state["rate"] = length, rate
-            return True
-
-        self._state = state
-        return add_node
+    def size_rule(self, drafted: bool = True, explore: bool = True) -> SizeRule:
+        """A fresh `SizeRule` for this cycle's tree builder (`drafted=False`: this cycle's candidates cost no
+        drafter call, e.g. context drafts alone). With `explore`, a tree the calibration turns down may be built
+        anyway as a probe (`_probe_due`)."""
+        return SizeRule(self, drafted, explore)
 
     def _probe_due(self, pays_by_own_q: bool) -> bool:
         """Whether a cycle whose first node the calibration turned down builds it anyway, as a probe.
@@ -264,20 +244,21 @@ class CostAwareBudget:
 
     def best_rate(self, path_logprobs: list[float], drafted: bool) -> float:
         """The expected tokens per second of the best tree of these nodes (root first, in the builder's order),
-        as `size_rule` would cut it."""
+        as `SizeRule` would cut it (never a probe)."""
         kept = getattr(self, "_state", None)  # the rule of this cycle's tree stays the one `chose` reads
         rule = self.size_rule(drafted, explore=False)
         for nodes, log_q in enumerate(path_logprobs[1:], start=1):
             if not rule(nodes, log_q):
                 break
+        rule.size()
         rate, self._state = self._state["rate"], kept
         return rate
 
     def chose(self, nodes: int, drafted: bool = True, alternative_rate: float = 0.0) -> float:
-        """After the build: the tree has `nodes` drafted nodes. Decides the pause before the next drafted
-        cycle (only a cycle that ran the drafter can tell whether the drafter pays: against plain decoding, or
-        against `alternative_rate`, the best cycle without the drafter, e.g. context drafts alone) and returns
-        the predicted block length A_cal(nodes)."""
+        """After the build and `SizeRule.size` (or `common_size`): the tree has `nodes` drafted nodes. Decides the
+        pause before the next drafted cycle (only a cycle that ran the drafter can tell whether the drafter pays:
+        against plain decoding, or against `alternative_rate`, the best cycle without the drafter, e.g. context
+        drafts alone) and returns the predicted block length A_cal(nodes)."""
         self.predicted = self._state["length"] if nodes else 1.0
         if not drafted:
             return self.predicted
@@ -334,3 +315,55 @@ class CostAwareBudget:
                 on_path = set(path)
                 self.calibration.update(path_logprobs[1:], [node in on_path for node in range(1, len(path_logprobs))])
         self.cost.observe(nodes, tree_s, rest_s)
+
+
+class SizeRule:
+    """One cycle's size choice (`CostAwareBudget.size_rule`): the tree builder asks it before each node, then
+    `size()` is the number of drafted nodes with the most expected tokens per second, A_cal(n) / T(n), over every
+    n the builder offered (the caller keeps the tree's first `size()` nodes: `DraftTree.truncated`).
+
+    The whole range is scanned because the ratio need not be unimodal: a CPU pays more for the step from a plain
+    step to a tree (the first tree token brings the tree mask and the verifier) than for each node after it, so
+    the first node can lower the ratio and the eighth raise it above plain decoding. The builder stops early only
+    where no larger tree can win any more: the next nodes add at most this node's calibrated gain each (A_cal is
+    concave) and cost at least T(n) (T never decreases), up to the cycle's cap.
+    """
+
+    def __init__(self, budget: CostAwareBudget, drafted: bool, explore: bool):
+        self.budget, self.drafted, self.explore = budget, drafted, explore
+        self.plain_rate = 1.0 / budget.cost.cycle(0, drafted)  # this cycle without drafted nodes
+        self.length = 1.0  # A_cal of the nodes offered so far
+        self.best = (0, 1.0, self.plain_rate)  # (nodes, A_cal, rate) of the best tree so far
+        self.best_tree = None  # the same over trees of at least one node (what a probe builds)
+        self.first_pays = False  # whether the first node pays by its own, uncalibrated Q (see `_probe_due`)
+
+    def __call__(self, nodes: int, log_q: float) -> bool:
+        """Whether the builder adds node `nodes` (1, 2, ...), whose path log-probability is `log_q`."""
+        budget = self.budget
+        if nodes > budget.limit:
+            return False
+        gain = budget.calibration(log_q)
+        self.length += gain
+        cycle = budget.cost.cycle(nodes, self.drafted)
+        rate = self.length / cycle
+        if nodes == 1:
+            self.first_pays = (1.0 + math.exp(log_q)) / cycle > self.plain_rate
+        if rate > self.best[2]:
+            self.best = (nodes, self.length, rate)
+        if self.best_tree is None or rate > self.best_tree[2]:
+            self.best_tree = (nodes, self.length, rate)
+        bound = (self.length + gain * (budget.limit - nodes)) / cycle  # of any tree of more nodes
+        return nodes in (self.best[0], self.best_tree[0]) or bound > self.best[2]
+
+    def size(self) -> int:
+        """The chosen number of drafted nodes (recorded for `CostAwareBudget.chose`)."""
+        budget = self.budget
+        nodes, length, rate = self.best
+        if self.explore and self.best_tree is not None:
+            if nodes == 0:
+                if budget._probe_due(self.first_pays):
+                    nodes, length, rate = self.best_tree
+            else:  # the rule builds trees again on its own: probes start over
+                budget.declined, budget.probe_interval = 0, PROBE_START
+        budget._state = {"length": length, "rate": rate}
+        return nodes

@@ -829,11 +829,10 @@ def _draft_and_build_batch(rows, drafts: BatchDrafter | None, auto: CostAwareBud
         auto.cost.observe_draft(draft_s)
     size, lengths = auto.common_size([(row.tree.path_logprobs or [0.0])[1:] for row in rows], drafted)
     auto.chose(size, drafted)
-    for row, length, max_depth in zip(rows, lengths, max_depths, strict=True):
-        if row.tree.num_nodes - 1 > size:
-            clock.lap()
-            row.tree = row.candidates.build(row.draft_logprobs, row.root, None, size, max_depth)
-            row.build_s += clock.lap()
+    for row, length in zip(rows, lengths, strict=True):
+        clock.lap()
+        row.tree = row.tree.truncated(size + 1)
+        row.build_s += clock.lap()
         row.stats.predicted_lengths.append(length)
 
 
@@ -1255,7 +1254,7 @@ def tree_speculative_decode(
     while stop is None:
         past = cache.get_seq_length()
         # 1.-2. Draft and build. Tokens still allowed after the root bound the depth (the bonus is one of them).
-        # The automatic budget may skip the drafter, and stops the build where one more node does not pay.
+        # The automatic budget may skip the drafter, and cuts the tree where expected tokens per second peak.
         max_depth = generation_config.max_length - sequence.shape[1] - 1
         draft_logprobs, cap = None, None if auto is None else auto.cap()
         if auto is None or auto.should_draft():
@@ -1268,6 +1267,7 @@ def tree_speculative_decode(
             size_rule = auto.size_rule(drafted=drafted)
         tree = candidates.build(draft_logprobs, root, size_rule, cap, max_depth)
         if size_rule is not None:
+            tree = tree.truncated(size_rule.size() + 1)  # where the expected tokens per second peak
             # With context drafts, a cycle without the drafter still has a tree: the drafter must beat that.
             alternative = 0.0
             if drafted and lookup:

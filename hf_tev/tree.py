@@ -24,6 +24,7 @@ all paths in increasing key order. Only ranks < min(budget, V) can ever be reach
 budget, hence one top-k per depth suffices.
 """
 
+import dataclasses
 import heapq
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -126,6 +127,41 @@ class DraftTree:
             parents, tokens = torch.stack([self.parents, self.tokens]).tolist()
             object.__setattr__(self, "_lists", _tree_lists(parents, tokens))  # frozen: cache by hand
         return self._lists
+
+    def truncated(self, num_nodes: int) -> "DraftTree":
+        """The tree of its first `num_nodes` nodes (root included; all of it when it has no more). Every tree source
+        adds a node after its parent, so any first nodes form a tree; a best-first tree's first n + 1 nodes are
+        its best tree of n drafted nodes (what the automatic budget cuts to)."""
+        if isinstance(num_nodes, bool) or not isinstance(num_nodes, int) or num_nodes < 1:
+            raise ValueError(f"num_nodes must be an int >= 1 (the root), got {num_nodes!r}")
+        if num_nodes >= self.num_nodes:
+            return self
+        lists = self.lists
+        parents = lists.parents[:num_nodes]
+        kept = _tree_lists(parents, lists.tokens[:num_nodes])
+        row_of = {node: row for row, node in enumerate(kept.internal)}
+        index = torch.tensor(kept.internal + [row_of[parent] for parent in parents[1:]], dtype=torch.long)
+        index = index.to(self.tokens.device)
+        depths = [0]  # on the host: the tensor's would cost a device sync
+        for parent in parents[1:]:
+            depths.append(depths[parent] + 1)
+        info = self._node_info
+        if info is not None:
+            info = dataclasses.replace(
+                info, **{f.name: getattr(info, f.name)[:num_nodes] for f in dataclasses.fields(info)}
+            )
+        return DraftTree(
+            tokens=self.tokens[:num_nodes],
+            depths=self.depths[:num_nodes],
+            parents=self.parents[:num_nodes],
+            visibility=self.visibility[:num_nodes, :num_nodes],
+            _max_depth=max(depths),
+            _internal_nodes=index[: len(kept.internal)],
+            _lists=kept,
+            _parent_rows=index[len(kept.internal) :],
+            _path_logprobs=None if self._path_logprobs is None else self._path_logprobs[:num_nodes],
+            _node_info=info,
+        )
 
 
 def _check_draft_logprobs(draft_logprobs) -> None:

@@ -1,5 +1,6 @@
 """The cost-aware automatic budget (SPEC section 8): calibration, cost model and the size choice, alone."""
 
+import functools
 import math
 import random
 
@@ -7,6 +8,7 @@ import pytest
 import torch
 
 from hf_tev.budget import AcceptanceCalibration, CostAwareBudget, CycleCost, isotonic
+from hf_tev.lookup import LookupStats, build_merged_tree
 from hf_tev.tree import TREE_BUILDERS, build_tree
 
 
@@ -26,6 +28,15 @@ def brute_force_size(log_qs, calibration, cost, max_budget) -> int:
     return best_n
 
 
+def choose(budget: CostAwareBudget, log_qs, drafted: bool = True) -> int:
+    """One cycle's size as a builder gets it: nodes offered until the rule stops the build, then `size()`."""
+    rule = budget.size_rule(drafted)
+    for n, log_q in enumerate(log_qs, start=1):
+        if not rule(n, log_q):
+            break
+    return rule.size()
+
+
 def test_isotonic_fits_are_monotone_and_keep_sorted_input():
     assert isotonic([1.0, 2.0, 3.0], [1, 1, 1]) == [1.0, 2.0, 3.0]
     assert isotonic([1.0, 3.0, 2.0, 4.0, 1.0], [1] * 5) == [1.0, 2.5, 2.5, 2.5, 2.5]
@@ -33,7 +44,7 @@ def test_isotonic_fits_are_monotone_and_keep_sorted_input():
     assert isotonic([1.0, 2.0], [1, 1], increasing=False) == [1.5, 1.5]
 
 
-@pytest.mark.parametrize("shape", ["cpu", "gpu"])
+@pytest.mark.parametrize("shape", ["cpu", "gpu", "cpu_first_token"])
 def test_size_rule_finds_the_best_tree_size_on_a_synthetic_cost_curve(shape):
     rng = random.Random(0)
     for trial in range(20):
@@ -43,17 +54,37 @@ def test_size_rule_finds_the_best_tree_size_on_a_synthetic_cost_curve(shape):
         if shape == "cpu":  # a pass costs nearly per token
             sizes = [1, 2, 4, 8, 16, 32, 64, 129]
             cost.set_probe(sizes, [5e-3 + 2.5e-4 * k for k in sizes])
-        else:  # flat up to a large size, then linear
+        elif shape == "gpu":  # flat up to a large size, then linear
             sizes = [1, 2, 4, 8, 16, 32, 64, 129]
             cost.set_probe(sizes, [10e-3 + (0.0 if k <= 64 else 1e-4 * (k - 64)) for k in sizes])
+        else:  # a CPU where a plain step (1 token, no mask) is much cheaper than the smallest tree pass:
+            # T(n) is not convex, A_cal / T not unimodal (the first node can lower it, the tenth raise it)
+            sizes = [1, 2, 4, 8, 16, 32, 64, 129]
+            cost.set_probe(sizes, [5e-3 + (0.0 if k == 1 else 3e-3 + 1e-4 * k) for k in sizes])
         cost.observe_draft(2e-3)
         budget = CostAwareBudget(128, identity_calibration(), cost)
         budget.limit = 128  # the whole range (the cap grows to it when trees keep reaching it: see below)
-        rule = budget.size_rule()
-        tree_size = next((n - 1 for n in range(1, 129) if not rule(n, log_qs[n - 1])), 128)
+        tree_size = choose(budget, log_qs)
         assert tree_size == brute_force_size(log_qs, budget.calibration, cost, 128), trial
         if shape == "gpu" and tree_size:
             assert tree_size >= 63  # the pass is flat up to 64 tokens: every node there is free
+
+
+def test_the_size_rule_looks_past_a_first_node_that_does_not_pay():
+    # Measured on CPUs: a plain step (one token, no mask) is much cheaper than the smallest tree pass, after which
+    # each node costs little. Then the first node lowers A_cal / T below plain decoding and ten nodes raise it well
+    # above: stopping at the first decrease (right for a convex T) would decode plainly for ever.
+    cost = CycleCost()
+    sizes = [1, 2, 4, 8, 16, 32]
+    cost.set_probe(sizes, [5e-3 if k == 1 else 8e-3 + 1e-4 * k for k in sizes])
+    cost.observe_draft(2e-3)
+    budget = CostAwareBudget(32, identity_calibration(), cost)
+    log_qs = [math.log(0.45)] * 12 + [math.log(0.04)] * 20  # twelve fair nodes, then poor ones
+    gain = budget.calibration(log_qs[0])
+    assert (1 + gain) / cost.cycle(1) < 1 / cost.cycle(0)  # the first node alone does not pay
+    size = choose(budget, log_qs)
+    assert size == brute_force_size(log_qs, budget.calibration, cost, budget.cap()) == 12
+    assert budget._state["rate"] > 1.5 / cost.cycle(0)
 
 
 def test_the_builder_stops_where_the_rule_says_and_keeps_the_best_prefix():
@@ -84,6 +115,38 @@ def test_the_builder_stops_where_the_rule_says_and_keeps_the_best_prefix():
                 assert cut.path_logprobs[node] == pytest.approx(expected, abs=1e-5)
 
 
+def assert_same_tree(a, b):
+    for name in ("tokens", "depths", "parents", "visibility", "internal_nodes", "parent_rows"):
+        assert torch.equal(getattr(a, name), getattr(b, name)), name
+    assert a.max_depth == b.max_depth and a.path_logprobs == b.path_logprobs
+    # host lists; the root's token may be unknown there (-1)
+    assert a.lists._replace(tokens=a.lists.tokens[1:]) == b.lists._replace(tokens=b.lists.tokens[1:])
+
+
+def test_a_truncated_tree_is_the_tree_its_source_builds_at_that_budget():
+    # the automatic budget builds to the cap and keeps the best first n nodes: they must be exactly the tree the
+    # source builds with budget n (best-first trees are nested), with every derived structure rebuilt
+    logprobs = torch.log_softmax(torch.randn(6, 10, generator=torch.Generator().manual_seed(1)) * 2, -1)
+    continuations = [([4, 2, 7, 1], 3), ([4, 5], 2), ([9, 9, 9], 1)]
+
+    def keep_all(n, log_q):
+        return True
+
+    sources = {name: functools.partial(builder, size_rule=keep_all) for name, builder in TREE_BUILDERS.items()}
+    sources["merged"] = lambda lp, budget, root: build_merged_tree(lp, budget, root, continuations, LookupStats())
+    for name, source in sources.items():
+        whole = source(logprobs, 40, 3)
+        for size in (0, 1, 2, 5, 11, whole.num_nodes - 1):
+            cut = whole.truncated(size + 1)
+            assert_same_tree(cut, source(logprobs, size, 3))
+            if name == "merged":
+                assert cut.node_info.depths == [int(d) for d in cut.depths]
+                assert len(cut.node_info.sources) == len(cut.node_info.matches) == size + 1
+    assert whole.truncated(10**6) is whole
+    with pytest.raises(ValueError, match="num_nodes"):
+        whole.truncated(0)
+
+
 def test_the_cap_follows_the_chosen_sizes():
     cost = CycleCost()
     cost.set_probe([1, 256], [1e-2, 1e-2])  # free nodes: the rule wants every node the cap allows
@@ -92,13 +155,12 @@ def test_the_cap_follows_the_chosen_sizes():
     caps = []
     for _ in range(5):
         caps.append(budget.cap())
-        rule = budget.size_rule()
-        size = next((n - 1 for n in range(1, 200) if not rule(n, -0.01)), 199)
+        size = choose(budget, [-0.01] * 199)
         assert size == budget.cap()
         budget.chose(size)
     assert caps == [16, 32, 64, 100, 100]  # doubled while trees reach it, never past max_budget
     for _ in range(20):  # then the trees stay small: the cap comes down to twice the largest recent one
-        rule = budget.size_rule()
+        choose(budget, [-0.01] * 3)
         budget.chose(3)
     assert budget.cap() == 8
 
@@ -125,8 +187,7 @@ def test_a_useless_drafter_falls_back_to_plain_decoding_with_growing_pauses():
     pauses = []
     for _ in range(6):
         assert budget.should_draft()
-        rule = budget.size_rule()
-        assert not rule(1, math.log(1e-4))  # nothing the drafter proposes is worth a node
+        assert choose(budget, [math.log(1e-4)]) == 0  # nothing the drafter proposes is worth a node
         budget.chose(0)
         budget.observe([0.0], [0], tree_s=5e-3, rest_s=1e-4)
         skipped = 0
@@ -136,8 +197,7 @@ def test_a_useless_drafter_falls_back_to_plain_decoding_with_growing_pauses():
         budget.paused = 0  # the loop above consumed the pause; the next cycle drafts
     assert pauses == [1, 2, 4, 8, 8, 8]
     # a drafter that proposes what the target accepts ends the pauses
-    rule = budget.size_rule()
-    assert rule(1, math.log(0.95)) and rule(2, math.log(0.9))
+    assert choose(budget, [math.log(0.95), math.log(0.9)]) == 2
     budget.chose(2)
     assert budget.pause == 0 and budget.should_draft()
 
@@ -160,16 +220,14 @@ def test_the_drafter_pauses_when_a_tree_without_it_is_better():
     budget = CostAwareBudget(16, AcceptanceCalibration(decay=1.0), cost)
     drafter_paths = [0.0, math.log(0.95), math.log(0.9)]  # what the drafter proposes: it pays against plain
     lookup_paths = [0.0, math.log(0.99), math.log(0.98), math.log(0.97)]  # what the context proposes, for free
-    rule = budget.size_rule()
-    nodes = next((n - 1 for n in range(1, 3) if not rule(n, drafter_paths[n])), 2)
+    nodes = choose(budget, drafter_paths[1:])
     alternative = budget.best_rate(lookup_paths, drafted=False)
     assert alternative > budget._state["rate"]  # best_rate left this cycle's rule in place
     budget.chose(nodes, drafted=True, alternative_rate=alternative)
     assert not budget.should_draft()  # the next cycle goes without the drafter (context drafts alone)
     # the same drafter without a better alternative keeps drafting
     budget = CostAwareBudget(16, AcceptanceCalibration(decay=1.0), cost)
-    rule = budget.size_rule()
-    nodes = next((n - 1 for n in range(1, 3) if not rule(n, drafter_paths[n])), 2)
+    nodes = choose(budget, drafter_paths[1:])
     budget.chose(nodes, drafted=True)
     assert budget.should_draft()
 
@@ -184,7 +242,7 @@ def test_a_calibration_that_turned_everything_down_is_probed_again_and_recovers(
     log_q = math.log(0.6)
     calibration.update([log_q] * 40, [False] * 40)
     budget = CostAwareBudget(16, calibration, cost, max_pause=8)
-    built = [budget.size_rule(drafted=False)(1, log_q) for _ in range(24)]
+    built = [choose(budget, [log_q], drafted=False) for _ in range(24)]
     probes = [cycle for cycle, node in enumerate(built) if node]
     assert probes == [1, 5, 13, 21]  # after 2, 4, 8, 8 declined cycles (the interval doubles up to max_pause)
     # best_rate (the what-if of a cycle without the drafter) neither probes nor counts
@@ -194,7 +252,7 @@ def test_a_calibration_that_turned_everything_down_is_probed_again_and_recovers(
     # what the probes saw (the node accepted) restores the calibration: the rule builds it on merit, probes reset
     for _ in range(40):
         budget.observe([0.0, log_q], [0, 1], tree_s=6.5e-3, rest_s=0.0)
-    assert budget.size_rule(drafted=False)(1, log_q)
+    assert choose(budget, [log_q], drafted=False) == 1
     assert (budget.declined, budget.probe_interval) == (0, 2)
     # a node that does not pay even by its own Q is never probed
-    assert not any(budget.size_rule(drafted=False)(1, math.log(0.05)) for _ in range(40))
+    assert not any(choose(budget, [math.log(0.05)], drafted=False) for _ in range(40))
