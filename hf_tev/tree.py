@@ -222,8 +222,9 @@ def build_tree(draft_logprobs: torch.Tensor, budget: int, root_token, size_rule=
         root_token (`int` or one-element integer `torch.Tensor`): token of the root.
         size_rule (*optional*): `size_rule(n, path_logprob) -> bool`, asked before node n (1, 2, ...) is
             added with its path log-probability; False stops the tree there. Nodes come in non-increasing
-            path log-probability, so the first n nodes are the best tree of size n and a rule can stop as
-            soon as one more node does not pay (`hf_tev.budget`).
+            path log-probability, so the first n nodes are the best tree of size n: a rule can stop where no
+            larger tree pays and the caller keep the best first nodes (`hf_tev.budget.SizeRule`,
+            `DraftTree.truncated`).
 
     Returns:
         `DraftTree` on the device of `draft_logprobs`, nodes in pop order (non-increasing score).
