@@ -292,20 +292,29 @@ class CostAwareBudget:
         `rows_log_q[r]` are row r's drafted nodes' path log-probabilities in the builder's order (its tree at the
         cap; best-first trees are nested, so its tree of n nodes is its first n). n maximises the batch's
         expected tokens per second `sum_r A_cal,r(n) / T(n)`, with `T` this budget's cost model, which for a
-        batch is the cycle of every row at n nodes each (a sum of concave lengths over a convex cost: the scan
-        is exact). `chose` then reads this choice as the per-row mean."""
+        batch is the cycle of every row at n nodes each (every n up to the cap is scanned). Probes as in
+        `SizeRule`. `chose` then reads this choice as the per-row mean."""
         gains = [[self.calibration(log_q) for log_q in row] for row in rows_log_q]
         rows = max(1, len(gains))
-        length, best = float(rows), 0
-        best_rate = length / self.cost.cycle(0, drafted)
-        self._state = {"length": 1.0, "rate": best_rate / rows}
+        length, best = float(rows), (0, float(rows), rows / self.cost.cycle(0, drafted))
+        best_tree = None  # the best of at least one node per row (what a probe builds, see `_probe_due`)
         for n in range(1, min(self.limit, max((len(g) for g in gains), default=0)) + 1):
             length += sum(g[n - 1] for g in gains if len(g) >= n)
             rate = length / self.cost.cycle(n, drafted)
-            if rate > best_rate:
-                best, best_rate = n, rate
-                self._state = {"length": length / rows, "rate": rate / rows}
-        return best, [1.0 + sum(g[:best]) for g in gains]
+            if rate > best[2]:
+                best = (n, length, rate)
+            if best_tree is None or rate > best_tree[2]:
+                best_tree = (n, length, rate)
+        if best_tree is not None:
+            if best[0] == 0:
+                first = rows + sum(math.exp(row[0]) for row in rows_log_q if row)  # by the nodes' own Q
+                if self._probe_due(pays_by_own_q=first / self.cost.cycle(1, drafted) > best[2]):
+                    best = best_tree
+            else:
+                self.declined, self.probe_interval = 0, PROBE_START
+        size, length, rate = best
+        self._state = {"length": length / rows, "rate": rate / rows}
+        return size, [1.0 + sum(g[:size]) for g in gains]
 
     def observe_batch(self, rows: list[tuple[list[float] | None, list[int]]], nodes: int, tree_s: float, rest_s: float):
         """`observe` for a batch cycle: every row's (path log-probabilities, accepted path) teaches the

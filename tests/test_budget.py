@@ -256,3 +256,23 @@ def test_a_calibration_that_turned_everything_down_is_probed_again_and_recovers(
     assert (budget.declined, budget.probe_interval) == (0, 2)
     # a node that does not pay even by its own Q is never probed
     assert not any(choose(budget, [math.log(0.05)], drafted=False) for _ in range(40))
+
+
+def test_a_batch_probes_a_locked_calibration_too():
+    # `common_size` (one tree size for a batch's rows) has the same lock-in risk and the same probes
+    cost = CycleCost()
+    cost.set_probe([1, 2, 4, 8, 16], [5e-3 * (1 + 0.3 * k) for k in (1, 2, 4, 8, 16)])
+    calibration = AcceptanceCalibration(decay=1.0)
+    log_q = math.log(0.6)
+    calibration.update([log_q] * 40, [False] * 40)
+    budget = CostAwareBudget(16, calibration, cost, max_pause=8)
+    sizes = [budget.common_size([[log_q, log_q - 1], [log_q]], drafted=False)[0] for _ in range(24)]
+    assert [cycle for cycle, size in enumerate(sizes) if size] == [1, 5, 13, 21]
+    assert set(sizes) == {0, 1}
+    useless = [budget.common_size([[math.log(0.05)], [math.log(0.05)]], drafted=False)[0] for _ in range(40)]
+    assert not any(useless)
+    # once the calibration says the nodes pay, the batch builds on merit and the probes start over
+    for _ in range(40):
+        budget.observe_batch([([0.0, log_q], [0, 1])] * 2, nodes=1, tree_s=6.5e-3, rest_s=0.0)
+    assert budget.common_size([[log_q], [log_q]], drafted=False)[0] == 1
+    assert (budget.declined, budget.probe_interval) == (0, 2)
