@@ -225,15 +225,15 @@ class CostAwareBudget:
         return SizeRule(self, drafted, explore)
 
     def _probe_due(self, pays_by_own_q: bool) -> bool:
-        """Whether a cycle whose first node the calibration turned down builds it anyway, as a probe.
+        """Whether a cycle where the calibration turned every tree down builds one anyway, as a probe.
 
         The calibration learns only from nodes that are built: after a few unlucky cycles it can turn down
         every node, and then it never sees another outcome, so one bad start would switch speculation off for
-        good (and for later calls, which share the calibration). A node whose own probability Q says it pays
-        (uncalibrated: `1 + Q` tokens per `T(1)` beat plain decoding) but which the calibration turns down is
-        built after `probe_interval` such cycles in a row; the interval doubles with every probe (up to
-        `max_pause`) and starts over once the rule builds trees by itself. A probe costs one node's share of a
-        pass; a node that even its own Q says does not pay (a useless drafter) is never probed."""
+        good (and for later calls, which share the calibration). When the first node's own probability Q says it
+        pays (uncalibrated: `1 + Q` tokens per `T(1)` beat plain decoding) but the calibration turns every tree
+        down, the best tree of at least one node is built after `probe_interval` such cycles in a row; the
+        interval doubles with every probe (up to `max_pause`) and starts over once the rule builds trees by
+        itself. A node that even its own Q says does not pay (a useless drafter) is never probed."""
         if not pays_by_own_q:
             return False
         self.declined += 1
@@ -241,6 +241,17 @@ class CostAwareBudget:
             return False
         self.declined, self.probe_interval = 0, min(2 * self.probe_interval, self.max_pause)
         return True
+
+    def _settle(self, best: tuple, best_tree: tuple | None, first_pays: bool) -> tuple:
+        """The tree a scan chose, `(nodes, A_cal, rate)`: its best (`best`), or as a probe its best of at least
+        one node (`best_tree`; None when nothing was offered) where the best is no tree (`_probe_due`). A tree
+        chosen on merit starts the probes over."""
+        if best_tree is None:
+            return best
+        if best[0] > 0:
+            self.declined, self.probe_interval = 0, PROBE_START
+            return best
+        return best_tree if self._probe_due(first_pays) else best
 
     def best_rate(self, path_logprobs: list[float], drafted: bool) -> float:
         """The expected tokens per second of the best tree of these nodes (root first, in the builder's order),
@@ -305,14 +316,8 @@ class CostAwareBudget:
                 best = (n, length, rate)
             if best_tree is None or rate > best_tree[2]:
                 best_tree = (n, length, rate)
-        if best_tree is not None:
-            if best[0] == 0:
-                first = rows + sum(math.exp(row[0]) for row in rows_log_q if row)  # by the nodes' own Q
-                if self._probe_due(pays_by_own_q=first / self.cost.cycle(1, drafted) > best[2]):
-                    best = best_tree
-            else:
-                self.declined, self.probe_interval = 0, PROBE_START
-        size, length, rate = best
+        first = rows + sum(math.exp(row[0]) for row in rows_log_q if row)  # the first nodes, by their own Q
+        size, length, rate = self._settle(best, best_tree, first / self.cost.cycle(1, drafted) > best[2])
         self._state = {"length": length / rows, "rate": rate / rows}
         return size, [1.0 + sum(g[:size]) for g in gains]
 
@@ -367,12 +372,6 @@ class SizeRule:
     def size(self) -> int:
         """The chosen number of drafted nodes (recorded for `CostAwareBudget.chose`)."""
         budget = self.budget
-        nodes, length, rate = self.best
-        if self.explore and self.best_tree is not None:
-            if nodes == 0:
-                if budget._probe_due(self.first_pays):
-                    nodes, length, rate = self.best_tree
-            else:  # the rule builds trees again on its own: probes start over
-                budget.declined, budget.probe_interval = 0, PROBE_START
+        nodes, length, rate = budget._settle(self.best, self.best_tree, self.first_pays) if self.explore else self.best
         budget._state = {"length": length, "rate": rate}
         return nodes

@@ -232,16 +232,22 @@ def test_the_drafter_pauses_when_a_tree_without_it_is_better():
     assert budget.should_draft()
 
 
-def test_a_calibration_that_turned_everything_down_is_probed_again_and_recovers():
-    # A bad start: the first node (Q = 0.6, which pays on its own: 1.6 tokens for 1.23 plain cycles) was
-    # rejected 40 times, so the calibration now says it does not pay and, learning only from built nodes, would
-    # never see another outcome. Probes build it after 2, then 4, 8, ... declined cycles in a row.
+def locked_budget() -> tuple[CostAwareBudget, float]:
+    """A budget whose calibration turned down a node of Q = 0.6 (which pays on its own: 1.6 tokens for 1.23
+    plain cycles) after 40 rejections in a row, and that node's log Q."""
     cost = CycleCost()
     cost.set_probe([1, 2, 4, 8, 16], [5e-3 * (1 + 0.3 * k) for k in (1, 2, 4, 8, 16)])
     calibration = AcceptanceCalibration(decay=1.0)
     log_q = math.log(0.6)
     calibration.update([log_q] * 40, [False] * 40)
-    budget = CostAwareBudget(16, calibration, cost, max_pause=8)
+    return CostAwareBudget(16, calibration, cost, max_pause=8), log_q
+
+
+def test_a_calibration_that_turned_everything_down_is_probed_again_and_recovers():
+    # A bad start: the first node (Q = 0.6, which pays on its own: 1.6 tokens for 1.23 plain cycles) was
+    # rejected 40 times, so the calibration now says it does not pay and, learning only from built nodes, would
+    # never see another outcome. Probes build it after 2, then 4, 8, ... declined cycles in a row.
+    budget, log_q = locked_budget()
     built = [choose(budget, [log_q], drafted=False) for _ in range(24)]
     probes = [cycle for cycle, node in enumerate(built) if node]
     assert probes == [1, 5, 13, 21]  # after 2, 4, 8, 8 declined cycles (the interval doubles up to max_pause)
@@ -260,12 +266,7 @@ def test_a_calibration_that_turned_everything_down_is_probed_again_and_recovers(
 
 def test_a_batch_probes_a_locked_calibration_too():
     # `common_size` (one tree size for a batch's rows) has the same lock-in risk and the same probes
-    cost = CycleCost()
-    cost.set_probe([1, 2, 4, 8, 16], [5e-3 * (1 + 0.3 * k) for k in (1, 2, 4, 8, 16)])
-    calibration = AcceptanceCalibration(decay=1.0)
-    log_q = math.log(0.6)
-    calibration.update([log_q] * 40, [False] * 40)
-    budget = CostAwareBudget(16, calibration, cost, max_pause=8)
+    budget, log_q = locked_budget()
     sizes = [budget.common_size([[log_q, log_q - 1], [log_q]], drafted=False)[0] for _ in range(24)]
     assert [cycle for cycle, size in enumerate(sizes) if size] == [1, 5, 13, 21]
     assert set(sizes) == {0, 1}
