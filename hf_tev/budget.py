@@ -186,8 +186,9 @@ class CycleCost:
 
 
 class CostAwareBudget:
-    """Chooses each cycle's tree size (SPEC section 8); one per decoding call, sharing its calibration and
-    cost model with later calls on the same models.
+    """Chooses each cycle's tree size (SPEC section 8). `hf_tev.generation` keeps one per models and settings
+    across decoding calls, so its pauses, probes and cap go on where the last call stopped; its calibration and
+    cost model may be shared with other budgets.
 
     Args:
         max_budget (`int`): the largest tree (drafted nodes).

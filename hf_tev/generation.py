@@ -860,16 +860,22 @@ def probe_batch_costs(model, cache, inputs: BatchTreeInputs, rows, max_tokens: i
 
 
 # --------------------------------------------------------------------------------------------------------
-# The automatic budget's state: calibration per (drafter, target, sampling), cost per (target, device, dtype)
+# The automatic budget's state: calibration per (drafter, target, sampling), cost per (target, device, dtype),
+# and the budget itself (its pauses, probes and cap) per both: a call continues where the last one stopped
 # --------------------------------------------------------------------------------------------------------
 _CALIBRATIONS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # drafter -> {key: calibration}
 _COSTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # target -> {key: CycleCost}
+_BUDGETS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # drafter -> {key: CostAwareBudget}
 
 
 def automatic_budget(model, drafter, tev_config: TEVConfig, generation_config, batch: int = 1) -> CostAwareBudget:
-    """A `CostAwareBudget` for one call (for one row of a batch of `batch` prompts), with the calibration and
-    cost model learnt by earlier calls on the same drafter and target (kept as long as the models live). A
-    batch's cost model is the pass of `batch` rows: it has its own entry per batch size."""
+    """The `CostAwareBudget` of these models and settings (for one row of a batch of `batch` prompts), with the
+    calibration and cost model learnt by earlier calls (kept as long as the models live). A batch's cost model
+    is the pass of `batch` rows: it has its own entry per batch size.
+
+    The budget itself is kept too: a call starts with the pause, probe interval and cap the last call on the
+    same models left. Short calls would otherwise each start by trying the drafter after 1, 2, 4, ... cycles, and
+    where it does not pay (the kit at T = 1) those tries are most of the cost of `budget="auto"`."""
     sampling = (generation_config.do_sample, generation_config.temperature if generation_config.do_sample else 0)
     owner = model if drafter is None else drafter  # lookup alone: the calibration of the target's context drafts
     key = (id(model), sampling, tev_config.lookup)
@@ -879,7 +885,11 @@ def automatic_budget(model, drafter, tev_config: TEVConfig, generation_config, b
     if batch > 1:
         cost_key += (batch,)
     cost = _COSTS.setdefault(model, {}).setdefault(cost_key, CycleCost())
-    return CostAwareBudget(tev_config.max_budget, calibration, cost)
+    budgets = _BUDGETS.setdefault(owner, {})
+    budget_key = (key, cost_key, tev_config.max_budget)
+    if budget_key not in budgets:
+        budgets[budget_key] = CostAwareBudget(tev_config.max_budget, calibration, cost)
+    return budgets[budget_key]
 
 
 def probe_tree_costs(

@@ -1,5 +1,6 @@
 """End-to-end tree decoding inside `generate`: exactness against the target's own decoding."""
 
+import copy
 import dataclasses
 import math
 import warnings
@@ -109,6 +110,35 @@ def test_auto_budget_with_a_useless_drafter_decodes_mostly_plainly():
     assert len(stats.predicted_lengths) == stats.num_cycles and stats.budget_model["probe_tokens"][0] == 1
     plain = sum(size == 0 for size in stats.tree_sizes)
     assert plain >= stats.num_cycles // 2, stats.tree_sizes  # the drafter is skipped most of the time
+
+
+def test_auto_budget_continues_its_schedule_in_the_next_call():
+    """A call starts with the pauses the last call on the same models left: short calls with a drafter that
+    does not pay do not each try it after 1, 2, 4, ... cycles again."""
+    from hf_tev.generation import automatic_budget
+
+    target = make_target("qwen3")
+    drafter = make_drafter(target)
+    calls = []
+    real = drafter.draft_logits
+    drafter.draft_logits = lambda *args, **kwargs: calls.append(1) or real(*args, **kwargs)
+    prompt = torch.tensor([PROMPTS[0]])
+    expected = greedy(target, prompt, max_new_tokens=40)
+    drafted = []
+    for _ in range(2):
+        calls.clear()
+        out = greedy(target, prompt, max_new_tokens=40, assistant_model=drafter, tev_config=TEVConfig())
+        assert out.tolist() == expected.tolist()
+        drafted.append(len(calls))
+    assert drafted[1] < drafted[0], drafted
+
+    config = copy.deepcopy(target.generation_config)
+    kept = automatic_budget(target, drafter, TEVConfig(), config)
+    assert automatic_budget(target, drafter, TEVConfig(), config) is kept
+    assert automatic_budget(target, drafter, TEVConfig(max_budget=64), config) is not kept
+    assert automatic_budget(target, drafter, TEVConfig(lookup=True), config) is not kept
+    other = automatic_budget(target, make_drafter(target), TEVConfig(), config)
+    assert other is not kept and other.calibration is not kept.calibration and other.cost is kept.cost
 
 
 def test_eos_inside_accepted_path_stops_there():
