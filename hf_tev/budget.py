@@ -205,6 +205,12 @@ class CostAwareBudget:
         self.recent: list[int] = []  # sizes chosen in the last drafted cycles
         self.declined, self.probe_interval = 0, PROBE_START  # see `_probe_due`
 
+    def start_call(self) -> None:
+        """A new decoding call, i.e. a new text: the probes start over (`_probe_due`), since a calibration that
+        turned every tree down on the last text may be wrong for this one (a text that repeats itself suits
+        context drafts where the last did not). The pause of a drafter that did not pay and the cap go on."""
+        self.declined, self.probe_interval = 0, PROBE_START
+
     def cap(self) -> int:
         """The most nodes this cycle's tree may take. The builder's cost grows with its cap (a top-k of that
         width per depth, the LM head rows of that many depths), so it follows the sizes recently chosen: twice

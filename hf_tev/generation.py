@@ -873,9 +873,10 @@ def automatic_budget(model, drafter, tev_config: TEVConfig, generation_config, b
     calibration and cost model learnt by earlier calls (kept as long as the models live). A batch's cost model
     is the pass of `batch` rows: it has its own entry per batch size.
 
-    The budget itself is kept too: a call starts with the pause, probe interval and cap the last call on the
-    same models left. Short calls would otherwise each start by trying the drafter after 1, 2, 4, ... cycles, and
-    where it does not pay (the kit at T = 1) those tries are most of the cost of `budget="auto"`."""
+    The budget itself is kept too: a call starts with the drafter's pause and the cap the last call on the same
+    models left (only its probes start over, `CostAwareBudget.start_call`). Short calls would otherwise each
+    start by trying the drafter after 1, 2, 4, ... cycles, and where it does not pay (the kit at T = 1) those
+    tries are most of the cost of `budget="auto"`."""
     sampling = (generation_config.do_sample, generation_config.temperature if generation_config.do_sample else 0)
     owner = model if drafter is None else drafter  # lookup alone: the calibration of the target's context drafts
     key = (id(model), sampling, tev_config.lookup)
@@ -889,7 +890,9 @@ def automatic_budget(model, drafter, tev_config: TEVConfig, generation_config, b
     budget_key = (key, cost_key, tev_config.max_budget)
     if budget_key not in budgets:
         budgets[budget_key] = CostAwareBudget(tev_config.max_budget, calibration, cost)
-    return budgets[budget_key]
+    budget = budgets[budget_key]
+    budget.start_call()
+    return budget
 
 
 def probe_tree_costs(
