@@ -264,6 +264,18 @@ def test_a_calibration_that_turned_everything_down_is_probed_again_and_recovers(
     assert not any(choose(budget, [math.log(0.05)], drafted=False) for _ in range(40))
 
 
+def test_a_new_call_starts_the_probes_over_and_keeps_the_pause():
+    # The budget outlives a call (`automatic_budget`); a new call is a new text, so a locked calibration is
+    # probed again after 2 declined cycles, while a pause (a drafter that did not pay) goes on.
+    budget, log_q = locked_budget()
+    built = [choose(budget, [log_q], drafted=False) for _ in range(14)]
+    assert budget.probe_interval == 8 and [c for c, node in enumerate(built) if node] == [1, 5, 13]
+    budget.paused = 3
+    budget.start_call()
+    assert (budget.declined, budget.probe_interval, budget.paused) == (0, 2, 3)
+    assert [choose(budget, [log_q], drafted=False) for _ in range(2)] == [0, 1]
+
+
 def test_a_batch_probes_a_locked_calibration_too():
     # `common_size` (one tree size for a batch's rows) has the same lock-in risk and the same probes
     budget, log_q = locked_budget()
