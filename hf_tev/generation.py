@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import itertools
 import math
 import time
 import warnings
@@ -866,6 +867,18 @@ def probe_batch_costs(model, cache, inputs: BatchTreeInputs, rows, max_tokens: i
 _CALIBRATIONS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # drafter -> {key: calibration}
 _COSTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # target -> {key: CycleCost}
 _BUDGETS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # drafter -> {key: CostAwareBudget}
+# A target's number in those keys. Not `id(target)`: a target made after another was freed may get its address,
+# and would inherit its calibration and budget.
+_TARGET_NUMBERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _target_number(model) -> int:
+    if model not in _TARGET_NUMBERS:
+        _TARGET_NUMBERS[model] = next(_TARGET_COUNTER)
+    return _TARGET_NUMBERS[model]
+
+
+_TARGET_COUNTER = itertools.count()
 
 
 def automatic_budget(model, drafter, tev_config: TEVConfig, generation_config, batch: int = 1) -> CostAwareBudget:
@@ -879,7 +892,7 @@ def automatic_budget(model, drafter, tev_config: TEVConfig, generation_config, b
     tries are most of the cost of `budget="auto"`."""
     sampling = (generation_config.do_sample, generation_config.temperature if generation_config.do_sample else 0)
     owner = model if drafter is None else drafter  # lookup alone: the calibration of the target's context drafts
-    key = (id(model), sampling, tev_config.lookup)
+    key = (_target_number(model), sampling, tev_config.lookup)
     calibration = _CALIBRATIONS.setdefault(owner, {}).setdefault(key, AcceptanceCalibration())
     device = model.get_input_embeddings().weight.device
     cost_key = (str(device), model.dtype, torch.get_num_threads(), model.config._attn_implementation)

@@ -139,6 +139,9 @@ def test_auto_budget_continues_its_schedule_in_the_next_call():
     assert automatic_budget(target, drafter, TEVConfig(lookup=True), config) is not kept
     other = automatic_budget(target, make_drafter(target), TEVConfig(), config)
     assert other is not kept and other.calibration is not kept.calibration and other.cost is kept.cost
+    # another target (never one that merely reuses a freed target's address) has its own calibration
+    another = automatic_budget(make_target("qwen3"), drafter, TEVConfig(), config)
+    assert another.calibration is not kept.calibration and another.cost is not kept.cost
 
 
 def test_eos_inside_accepted_path_stops_there():
