@@ -8,7 +8,8 @@ the drafter's pause and the cap the last call left (its probes start over). The 
 store before each call, which is what every call did before: the calibration and the cost model are shared by
 both, only the budget's schedule differs. On the kit target with its default drafter, 8 held-out + 8 HumanEval
 prompts, 64 new tokens each; per prompt the methods run in rotating order, 3 times, and the fastest time of each
-counts. Reports the speedup over plain `generate` (`ar`), tau and the drafter's time per cycle.
+counts; no EOS, so every call makes the same number of tokens. Reports the speedup over plain `generate` (`ar`),
+tau and the drafter's time per cycle.
 """
 
 import argparse
@@ -36,7 +37,8 @@ def main():
     tokenizer = load_kit_tokenizer()
     texts = load_kit_prompts("heldout", args.prompts) + load_kit_prompts("humaneval", args.prompts)
     prompts = [tokenizer(text, return_tensors="pt").input_ids for text in texts]
-    settings = dict(max_new_tokens=args.max_new_tokens, do_sample=args.temperature > 0)
+    # eos_token_id=None: every call makes max_new_tokens tokens (sampled runs stop at different places otherwise)
+    settings = dict(max_new_tokens=args.max_new_tokens, do_sample=args.temperature > 0, eos_token_id=None)
     if args.temperature:
         settings.update(temperature=args.temperature, top_k=0)
     config = hf_tev.TEVConfig(lookup=args.lookup)
