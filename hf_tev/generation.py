@@ -870,15 +870,13 @@ _BUDGETS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # drafter -> 
 # A target's number in those keys. Not `id(target)`: a target made after another was freed may get its address,
 # and would inherit its calibration and budget.
 _TARGET_NUMBERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_TARGET_COUNTER = itertools.count()
 
 
 def _target_number(model) -> int:
     if model not in _TARGET_NUMBERS:
         _TARGET_NUMBERS[model] = next(_TARGET_COUNTER)
     return _TARGET_NUMBERS[model]
-
-
-_TARGET_COUNTER = itertools.count()
 
 
 def automatic_budget(model, drafter, tev_config: TEVConfig, generation_config, batch: int = 1) -> CostAwareBudget:
