@@ -13,9 +13,9 @@ automatic budget chose. The defaults are the settings under which the kit's tiny
 its most readable code: greedy with a mild repetition penalty and no repeated 4-grams (every logits processor
 works exactly under tree decoding, per tree node).
 
-What to expect on the kit (CPU, 2 threads, measured 2026-11-30): under these settings about break-even (0.9x,
-tau 1.1-1.3, with or without `--lookup`): the tiny drafter is weak and a CPU pays for every tree token. Plain
-greedy decoding (`--repetition-penalty 1 --no-repeat-ngram-size 0 --lookup`) is 2.3x faster than plain
+What to expect on the kit (CPU, 2 threads, measured 2026-12-01): under these settings about break-even
+(0.96-1.01x at tau 1.0-1.6; 0.88x with `--lookup`): the tiny drafter is weak and a CPU pays for every tree token.
+Plain greedy decoding (`--repetition-penalty 1 --no-repeat-ngram-size 0 --lookup`) is 2.0x faster than plain
 `generate` (tau 3.65), because the tiny target then repeats itself and context drafts copy the repetition:
 fast, exact, and not worth reading.
 """
