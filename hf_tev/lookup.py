@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .tree import DraftTree, _check_draft_logprobs, _ranked_topk, _root_tensor, _tree_from_lists
+from .tree import DraftTree, check_draft_logprobs, ranked_topk, root_tensor, tree_from_lists
 
 DRAFTER, LOOKUP, BOTH = "drafter", "lookup", "both"
 
@@ -160,9 +160,9 @@ def build_merged_tree(
     if isinstance(budget, bool) or not isinstance(budget, int) or budget < 0:
         raise ValueError(f"budget must be an int >= 0, got {budget!r}")
     if draft_logprobs is not None:
-        _check_draft_logprobs(draft_logprobs)
+        check_draft_logprobs(draft_logprobs)
         device = draft_logprobs.device
-    root = _root_tensor(root_token, device if device is not None else "cpu")
+    root = root_tensor(root_token, device if device is not None else "cpu")
 
     # 1. The lookup trie, its nodes in non-increasing lookup score (parents before children on ties).
     trie_nodes, lookup_order = _lookup_trie(continuations, stats)
@@ -172,7 +172,7 @@ def build_merged_tree(
     num_depths, k = 0, 0
     if draft_logprobs is not None and budget > 0 and draft_logprobs.shape[0] > 0:
         num_depths, k = draft_logprobs.shape[0], min(budget, draft_logprobs.shape[1])
-        top_values, top_ids, row_max = _ranked_topk(draft_logprobs, k)
+        top_values, top_ids, row_max = ranked_topk(draft_logprobs, k)
         host = torch.cat([top_values.double(), top_ids.double(), row_max.double()[:, None]], dim=1).cpu()
         if not (host[:, -1] <= 0).all():
             raise ValueError("draft_logprobs must be log-probabilities (<= 0, no NaN; -inf allowed)")
@@ -233,5 +233,5 @@ def build_merged_tree(
                 break
             merged_of_trie[trie_id] = node
 
-    tree = _tree_from_lists(root, tokens, depths, parents, ancestors, scores)
+    tree = tree_from_lists(root, tokens, depths, parents, ancestors, scores)
     return dataclasses.replace(tree, _node_info=NodeInfo(sources, [0] + depths, matches))

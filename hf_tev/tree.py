@@ -164,7 +164,7 @@ class DraftTree:
         )
 
 
-def _check_draft_logprobs(draft_logprobs) -> None:
+def check_draft_logprobs(draft_logprobs) -> None:
     if not isinstance(draft_logprobs, torch.Tensor):
         raise TypeError(f"draft_logprobs must be a torch.Tensor, got {type(draft_logprobs).__name__}")
     if not draft_logprobs.is_floating_point():
@@ -173,7 +173,7 @@ def _check_draft_logprobs(draft_logprobs) -> None:
         raise ValueError(f"draft_logprobs must have shape [D, V] with V >= 1, got {tuple(draft_logprobs.shape)}")
 
 
-def _root_tensor(root_token, device) -> torch.LongTensor:
+def root_tensor(root_token, device) -> torch.LongTensor:
     """root_token (int or one-element integer tensor) -> LongTensor [1] on `device`, without a host sync."""
     if isinstance(root_token, torch.Tensor):
         if root_token.numel() != 1 or root_token.is_floating_point() or root_token.dtype == torch.bool:
@@ -187,7 +187,7 @@ def _root_tensor(root_token, device) -> torch.LongTensor:
     return torch.tensor([root_token], dtype=torch.long, device=device)
 
 
-def _ranked_topk(logprobs: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.LongTensor, torch.Tensor]:
+def ranked_topk(logprobs: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.LongTensor, torch.Tensor]:
     """The first k entries of each row in the order (descending value, ascending index).
 
     torch.topk does not specify which of several equal values it returns (and log-probs of bf16
@@ -229,20 +229,20 @@ def build_tree(draft_logprobs: torch.Tensor, budget: int, root_token, size_rule=
     Returns:
         `DraftTree` on the device of `draft_logprobs`, nodes in pop order (non-increasing score).
     """
-    _check_draft_logprobs(draft_logprobs)
+    check_draft_logprobs(draft_logprobs)
     if isinstance(budget, bool) or not isinstance(budget, int):
         raise TypeError(f"budget must be an int, got {type(budget).__name__}")
     if budget < 0:
         raise ValueError(f"budget must be >= 0, got {budget}")
     device = draft_logprobs.device
-    root = _root_tensor(root_token, device)
+    root = root_tensor(root_token, device)
     num_depths, vocab = draft_logprobs.shape
     k = min(budget, vocab)
     if k == 0 or num_depths == 0:
         return chain_tree(draft_logprobs, 0, root)
 
     # 1. Ranked top-k per depth, then the only host transfer: values, token ids, row maxima.
-    values, ids, row_max = _ranked_topk(draft_logprobs, k)
+    values, ids, row_max = ranked_topk(draft_logprobs, k)
     host = torch.cat([values.double(), ids.double(), row_max.double()[:, None]], dim=1).cpu()  # [D, 2k + 1]
     if not (host[:, -1] <= 0).all():  # a positive maximum or a NaN
         raise ValueError(
@@ -275,7 +275,7 @@ def build_tree(draft_logprobs: torch.Tensor, budget: int, root_token, size_rule=
             score = parent_score + row[rank]
             heapq.heappush(frontier, (-(score + values[depth][0]), depth + 1, ranks + (0,), node, score))
 
-    return _tree_from_lists(root, tokens, depths, parents, ancestors, scores)
+    return tree_from_lists(root, tokens, depths, parents, ancestors, scores)
 
 
 def _tree_lists(parents: list[int], tokens: list[int]) -> TreeLists:
@@ -285,7 +285,7 @@ def _tree_lists(parents: list[int], tokens: list[int]) -> TreeLists:
     return TreeLists(parents, children, tokens, [node for node, kids in enumerate(children) if kids])
 
 
-def _tree_from_lists(
+def tree_from_lists(
     root: torch.LongTensor, tokens: list, depths: list, parents: list, ancestors: list, scores: list
 ) -> DraftTree:
     """Assemble a DraftTree from the builder's host lists (drafted nodes only; root prepended)."""
@@ -324,7 +324,7 @@ def chain_tree(draft_logprobs: torch.Tensor, budget: int, root_token, size_rule=
         root_token (`int` or one-element integer `torch.Tensor`): token of the root.
         size_rule (*optional*): as for `build_tree` (costs one host copy of the chain's log-probs).
     """
-    _check_draft_logprobs(draft_logprobs)
+    check_draft_logprobs(draft_logprobs)
     if isinstance(budget, bool) or not isinstance(budget, int):
         raise TypeError(f"budget must be an int, got {type(budget).__name__}")
     if budget < 0:
@@ -336,7 +336,7 @@ def chain_tree(draft_logprobs: torch.Tensor, budget: int, root_token, size_rule=
         length = next((n - 1 for n in range(1, length + 1) if not size_rule(n, scores[n])), length)
         scores = scores[: length + 1]
     device = draft_logprobs.device
-    root = _root_tensor(root_token, device)
+    root = root_tensor(root_token, device)
     depths = torch.arange(length + 1, device=device)  # [N]
     return DraftTree(
         tokens=torch.cat([root, draft_logprobs[:length].argmax(-1)]),
