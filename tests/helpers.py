@@ -5,7 +5,13 @@ Test modules import from here (never from one another); fixtures that wrap these
 
 # --- targets, drafters, oracles and statistics (generation and model tests) ---
 
+import json
+
 import torch
+from safetensors.torch import save_file
+from transformers.generation.streamers import BaseStreamer
+
+from hf_tev import DFlashDraftModel
 
 
 def make_target(
@@ -46,6 +52,217 @@ def make_target(
         model.lm_head.weight.mul_(8.0)
     model.set_attn_implementation(attn_implementation)
     return model.to(dtype).eval()
+
+
+def make_drafter(target, *, block_size: int = 8, seed: int = 1, num_layers: int = 1, target_layer_ids=None):
+    """A freshly initialised DFlash drafter sized for `target` (eval mode, as `from_target` returns it), its
+    weights drawn after `torch.manual_seed(seed)`. Without `target_layer_ids` the default rule picks them."""
+    torch.manual_seed(seed)
+    return DFlashDraftModel.from_target(
+        target, num_layers=num_layers, block_size=block_size, target_layer_ids=target_layer_ids
+    )
+
+
+def with_oracle(drafter, reference):
+    """Make a drafter that mostly knows the target's greedy continuation `reference` (so trees get accepted).
+
+    Depth d of a block rooted at position n boosts `reference[n + d]`; every third position gets a small boost
+    only, so the right token is often not the drafter's first choice and only a branching tree catches it.
+    """
+    real = drafter.draft_logits
+
+    def draft_logits(target, context, block_ids, position_ids, cache=None, num_depths=None):
+        logits = real(target, context, block_ids, position_ids, cache=cache, num_depths=num_depths)
+        root_position = int(position_ids[0, -block_ids.shape[1]])
+        for depth in range(1, logits.shape[1] + 1):
+            position = root_position + depth
+            if position < reference.shape[1]:
+                logits[0, depth - 1, reference[0, position]] += 40.0 if position % 3 else 4.0
+        return logits
+
+    drafter.draft_logits = draft_logits
+    return drafter
+
+
+def greedy(target, prompt, **kwargs):
+    """The target's own greedy `generate` (the reference every tree decode must equal)."""
+    return target.generate(prompt, do_sample=False, **kwargs)
+
+
+class RecordingStreamer(BaseStreamer):
+    """A streamer that keeps each `put` as its own list of tokens (`chunks`)."""
+
+    def __init__(self):
+        self.chunks, self.ended = [], False
+
+    def put(self, value):
+        self.chunks.append(value.reshape(-1).tolist())
+
+    def end(self):
+        self.ended = True
+
+
+class Collect(BaseStreamer):
+    """A streamer that keeps every token it is given, in one flat list (`tokens`)."""
+
+    def __init__(self):
+        self.tokens, self.ended = [], False
+
+    def put(self, value):
+        self.tokens += value.reshape(-1).tolist()
+
+    def end(self):
+        self.ended = True
+
+
+# Sampling laws: the exact law of a target's own sampling, and a test of observed counts against it
+
+
+class TemperatureLike:
+    """A logits processor that divides the scores by a temperature, as `temperature=` does."""
+
+    def __init__(self, temperature):
+        self.temperature = temperature
+
+    def __call__(self, input_ids, scores):
+        return scores / self.temperature
+
+
+def exact_last_two_law(target, prompt, warpers, new_tokens=4):
+    """P(generated tokens new_tokens - 1 and new_tokens), all earlier generated tokens summed out, under the
+    target's own sampling with `warpers`. With 4 new tokens the first cycle after the prefill drafts a tree of
+    depth 2 whose accepted path can emit both tokens, so tree verification itself is on trial."""
+    with torch.no_grad():
+        vocab = target.get_output_embeddings().weight.shape[0]
+        sequences, mass = prompt, torch.ones(1, dtype=torch.float64)  # every prefix and its probability
+        for step in range(new_tokens):
+            probs = torch.softmax(warpers(sequences, target(sequences).logits[:, -1].float()), -1).double()
+            if step < new_tokens - 2:
+                mass = (mass[:, None] * probs).reshape(-1)
+                sequences = torch.cat(
+                    [sequences.repeat_interleave(vocab, 0), torch.arange(vocab).repeat(sequences.shape[0])[:, None]], 1
+                )
+            elif step == new_tokens - 2:
+                joint = mass[:, None] * probs  # [prefixes, V]: P(prefix, token n-1)
+                sequences = torch.cat(
+                    [sequences.repeat_interleave(vocab, 0), torch.arange(vocab).repeat(sequences.shape[0])[:, None]], 1
+                )
+            else:
+                law = (joint.reshape(-1, 1) * probs).reshape(-1, vocab, vocab).sum(0)  # [V, V]
+    return law.float()
+
+
+def chi_square_pvalue(counts, law, min_expected=5.0):
+    """Pearson chi-square p-value, pooling cells with small expectation into one."""
+    expected = law.flatten() * counts.sum()
+    counts = counts.flatten().double()
+    small = expected < min_expected
+    obs = torch.cat([counts[~small], counts[small].sum()[None]])
+    exp = torch.cat([expected[~small], expected[small].sum()[None]]).double()
+    keep = exp > 0
+    stat = ((obs[keep] - exp[keep]) ** 2 / exp[keep]).sum()
+    dof = int(keep.sum()) - 1
+    return float(torch.special.gammaincc(torch.tensor(dof / 2.0, dtype=torch.float64), stat / 2.0))
+
+
+# A published-style DFlash checkpoint (the layout the released drafters were written in), tiny dimensions
+
+HIDDEN, HEADS, KV_HEADS, HEAD_DIM, INTER, VOCAB, EPS, THETA = 32, 4, 2, 8, 48, 96, 1e-6, 10000.0
+
+
+def published_weights(num_layers: int, num_features: int, dtype=torch.float32, seed: int = 0) -> dict:
+    """Random weights under the published names (norm weights away from 1 so that they matter)."""
+    g = torch.Generator().manual_seed(seed)
+
+    def rand(*shape, scale=0.2):
+        return (torch.randn(*shape, generator=g) * scale).to(dtype)
+
+    def norm(n):
+        return (1.0 + torch.randn(n, generator=g) * 0.2).to(dtype)
+
+    w = {
+        "fc.weight": rand(HIDDEN, num_features * HIDDEN),
+        "hidden_norm.weight": norm(HIDDEN),
+        "norm.weight": norm(HIDDEN),
+    }
+    for n in range(num_layers):
+        p = f"layers.{n}."
+        w.update(
+            {
+                p + "self_attn.q_proj.weight": rand(HEADS * HEAD_DIM, HIDDEN),
+                p + "self_attn.k_proj.weight": rand(KV_HEADS * HEAD_DIM, HIDDEN),
+                p + "self_attn.v_proj.weight": rand(KV_HEADS * HEAD_DIM, HIDDEN),
+                p + "self_attn.o_proj.weight": rand(HIDDEN, HEADS * HEAD_DIM),
+                p + "self_attn.q_norm.weight": norm(HEAD_DIM),
+                p + "self_attn.k_norm.weight": norm(HEAD_DIM),
+                p + "mlp.gate_proj.weight": rand(INTER, HIDDEN),
+                p + "mlp.up_proj.weight": rand(INTER, HIDDEN),
+                p + "mlp.down_proj.weight": rand(HIDDEN, INTER),
+                p + "input_layernorm.weight": norm(HIDDEN),
+                p + "post_attention_layernorm.weight": norm(HIDDEN),
+            }
+        )
+    return w
+
+
+def published_config(
+    num_layers: int = 2,
+    num_target_layers: int = 6,
+    target_layer_ids=(1, 3),
+    mask_token_id=95,
+    block_size=4,
+    block_size_in_dflash_config=False,
+    dtype="float32",
+) -> dict:
+    """config.json as transformers 4.x wrote it for the published drafters (tiny dimensions)."""
+    dflash = {"mask_token_id": mask_token_id}
+    if target_layer_ids is not None:
+        dflash["target_layer_ids"] = list(target_layer_ids)
+    config = {
+        "architectures": ["DFlashDraftModel"],
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "auto_map": {"AutoModel": "dflash.DFlashDraftModel"},
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+        "dflash_config": dflash,
+        "head_dim": HEAD_DIM,
+        "hidden_act": "silu",
+        "hidden_size": HIDDEN,
+        "initializer_range": 0.02,
+        "intermediate_size": INTER,
+        "layer_types": ["full_attention"] * num_layers,
+        "max_position_embeddings": 512,
+        "max_window_layers": num_layers,
+        "model_type": "qwen3",
+        "num_attention_heads": HEADS,
+        "num_hidden_layers": num_layers,
+        "num_key_value_heads": KV_HEADS,
+        "num_target_layers": num_target_layers,
+        "rms_norm_eps": EPS,
+        "rope_scaling": None,
+        "rope_theta": THETA,
+        "sliding_window": None,
+        "tie_word_embeddings": False,
+        "torch_dtype": dtype,
+        "transformers_version": "4.57.1",
+        "use_cache": True,
+        "use_sliding_window": False,
+        "vocab_size": VOCAB,
+    }
+    if block_size_in_dflash_config:
+        dflash["block_size"] = block_size
+    else:
+        config["block_size"] = block_size
+    return config
+
+
+def write_checkpoint(folder, config: dict, weights: dict):
+    """A checkpoint folder: `config.json` and `model.safetensors`."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(config, indent=2))
+    save_file(weights, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    return folder
 
 
 # --- training rows, arguments and CLI runs (training tests) ---
