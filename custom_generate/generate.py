@@ -13,6 +13,6 @@ return_dict_in_generate) is generate's own. Needs `pip install hf_tev` (requirem
 def generate(model, *args, **kwargs):
     from transformers import GenerationMixin
 
-    from hf_tev.generation import routed_generate
+    from hf_tev.route import routed_generate
 
     return routed_generate(GenerationMixin.generate, model, *args, **kwargs)

@@ -3,8 +3,10 @@
 `import hf_tev` installs one wrapper around `transformers.GenerationMixin.generate`; a call that carries
 `tev_config=` (or `custom_generate=hf_tev.tree_speculative_decode`), or passes a DFlash drafter as
 `assistant_model=` (without `speculation_type="dflash"`, transformers' own chain path), becomes transformers'
-supported `custom_generate` call of `hf_tev.generation.tree_speculative_decode`; every other call passes through
-untouched.
+supported `custom_generate` call of `hf_tev.generation.tree_speculative_decode` (`routed_generate`: the drafter,
+the config and the streamer bound; options generate would act on before the decoder are refused by name; token
+healing and stop strings done here, since transformers drops the tokenizer on that route); every other call
+passes through untouched. The decoder (and transformers) load on the first routed call only.
 
 What keeps the route safe:
 - Importing hf_tev does not import transformers. When transformers is not loaded yet, a post-import hook
@@ -18,6 +20,7 @@ What keeps the route safe:
 
 from __future__ import annotations
 
+import copy
 import functools
 import importlib.abc
 import importlib.machinery
@@ -34,8 +37,6 @@ def _make_route(original):
     def generate(self, *args, **kwargs):
         if not generate._hf_tev_active or not wants_tree_decoding(self, kwargs):
             return original(self, *args, **kwargs)
-        from .generation import routed_generate  # the decoder (and transformers) load on first use only
-
         return routed_generate(original, self, *args, **kwargs)
 
     generate._hf_tev_active = True
@@ -66,6 +67,119 @@ def generation_setting(model, kwargs: dict, name: str):
         value = getattr(config, name, None)
         if value is not None:
             return value
+    return None
+
+
+def routed_generate(original, model, *args, **kwargs):
+    """A `generate` call routed to the tree decoder (`hf_tev.route`), made transformers' `custom_generate` call
+    of `tree_speculative_decode` with the drafter, the config and the streamer bound (transformers drops the
+    streamer and the tokenizer on the callable route, so `stop_strings` and `token_healing` are done here).
+
+    The drafter is `assistant_model=` (or `drafter=` with `custom_generate=tree_speculative_decode`); the tree
+    settings are `tev_config=`, else the generation config's `tev_config` (e.g. from `generation_config.json`),
+    else `TEVConfig()`. Options generate would act on before the decoder runs are refused here, by name.
+    """
+    from .config import TEVConfig
+    from .generation import tree_speculative_decode
+
+    tev_config = kwargs.pop("tev_config", None)
+    if tev_config is None:
+        tev_config = generation_setting(model, kwargs, "tev_config")
+    custom = kwargs.pop("custom_generate", None)
+    if custom is not None and not getattr(custom, "_hf_tev_decode", False):
+        raise ValueError("`tev_config` and `custom_generate` cannot be combined.")
+    drafter, assistant = kwargs.pop("drafter", None), kwargs.pop("assistant_model", None)
+    if drafter is not None and assistant is not None:
+        raise ValueError("Pass the DFlash drafter once: `assistant_model=` or `drafter=`, not both.")
+    drafter = assistant if drafter is None else drafter
+    tev_config = TEVConfig() if tev_config is None else TEVConfig.coerce(tev_config)
+    if drafter is None and not tev_config.lookup:
+        raise ValueError(
+            "`tev_config` needs `assistant_model=` a DFlash drafter (hf_tev.DFlashDraftModel), or "
+            "`TEVConfig(lookup=True)` for tree lookup decoding without a drafter."
+        )
+    _refuse_before_generate(model, kwargs)
+    args = _heal_tokens(model, args, kwargs)
+    model_stop_strings = _stop_strings_as_criteria(model, kwargs)
+    decode = functools.partial(
+        tree_speculative_decode, drafter=drafter, tev_config=tev_config, streamer=kwargs.get("streamer")
+    )
+    try:
+        return original(model, *args, custom_generate=decode, **kwargs)
+    finally:
+        if model_stop_strings is not None:
+            model.generation_config.stop_strings = model_stop_strings
+
+
+def _given(value) -> bool:
+    return value is not None
+
+
+# generate arguments acted on before the decoder runs (or dropped on the callable route): (name, refused when, why)
+_REFUSED_ARGUMENTS = (
+    ("speculation_type", _given, "transformers' own speculative path (for its DFlash chain path drop `tev_config`)"),
+    ("cache_implementation", lambda v: v not in (None, "dynamic"), "a cache other than a full-attention DynamicCache"),
+    ("synced_gpus", bool, "multi-GPU lockstep decoding (DeepSpeed ZeRO-3 / FSDP)"),
+    ("negative_prompt_ids", _given, "classifier-free guidance"),
+    ("negative_prompt_attention_mask", _given, "classifier-free guidance"),
+    ("assistant_tokenizer", _given, "an assistant with another tokenizer (a DFlash drafter shares the target's)"),
+    ("inputs_embeds", _given, "decoding from embeddings (the drafter reads features of token ids)"),
+)
+
+
+def _refuse_before_generate(model, kwargs: dict) -> None:
+    from .generation.checks import refusal
+
+    for name, refused, what in _REFUSED_ARGUMENTS:
+        value = generation_setting(model, kwargs, name)
+        if refused(value):
+            raise refusal(name, value, what)
+
+
+def _heal_tokens(model, args: tuple, kwargs: dict) -> tuple:
+    """`token_healing` done here, as generate would (the callable route loses the tokenizer it needs); returns
+    `args` with the healed prompt, and turns the option off for the call handed on."""
+    if not generation_setting(model, kwargs, "token_healing"):
+        return args
+    tokenizer = kwargs.get("tokenizer")
+    if tokenizer is None:
+        raise ValueError("`token_healing` needs the tokenizer: pass `tokenizer=` to generate.")
+    kwargs["token_healing"] = False
+    if args:
+        return (model.heal_tokens(args[0], tokenizer), *args[1:])
+    key = "inputs" if kwargs.get("inputs") is not None else "input_ids"
+    kwargs[key] = model.heal_tokens(kwargs[key], tokenizer)
+    return args
+
+
+def _stop_strings_as_criteria(model, kwargs: dict):
+    """`stop_strings` as a `StopStringCriteria` in `kwargs["stopping_criteria"]`.
+
+    On the `custom_generate` callable route transformers drops the tokenizer before it builds the stopping
+    criteria ("could not locate a tokenizer"), so the route builds this one criterion itself, exactly as
+    generate would, and takes the strings out of the generation configs generate reads. generate refills unset
+    fields from the model's generation config, so strings set there are taken out for the call: they are
+    returned, for the caller to put back (None when there were none)."""
+    from transformers.generation import StoppingCriteriaList, StopStringCriteria
+
+    config = kwargs.get("generation_config")
+    stop_strings = kwargs.pop("stop_strings", None) or generation_setting(model, kwargs, "stop_strings")
+    if not stop_strings:
+        return None
+    tokenizer = kwargs.get("tokenizer")
+    if tokenizer is None:
+        raise ValueError("`stop_strings` need the tokenizer: pass `tokenizer=` to generate.")
+    if config is not None and config.stop_strings:
+        config = copy.deepcopy(config)
+        config.stop_strings = None
+        kwargs["generation_config"] = config
+    criteria = StoppingCriteriaList(kwargs.get("stopping_criteria") or [])
+    criteria.append(StopStringCriteria(tokenizer=tokenizer, stop_strings=stop_strings))
+    kwargs["stopping_criteria"] = criteria
+    model_stop_strings = model.generation_config.stop_strings
+    if model_stop_strings:
+        model.generation_config.stop_strings = None
+        return model_stop_strings
     return None
 
 

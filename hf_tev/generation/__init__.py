@@ -1,0 +1,34 @@
+"""Tree speculative decoding inside `model.generate`.
+
+`hf_tev.route` turns `generate(..., assistant_model=drafter, tev_config=...)` into transformers' supported
+`custom_generate` route, so generate still prepares the logits processors, stopping criteria, special tokens,
+length limits and cache, and then hands the loop to `tree_speculative_decode`. The same function is also a
+documented entry of its own: `generate(custom_generate=hf_tev.tree_speculative_decode, drafter=...,
+tev_config=...)`.
+
+Modules, one concern each, in the order of a cycle (docs/design.md#the-decoding-loop):
+  `candidates`  stages 1-2: the tree candidate generator (drafting, tree building)
+  `forward`     stages 0 and 3: prefill, the tree pass
+  `processors`  logits processors on a tree (the processor contract)
+  `verifier`    stage 4: processing, the exact decision, the cache commit
+  `cache`       cache surgery and the tree pass's masks (one prompt, batches)
+  `auto`        the automatic budget's kept state and the size stage
+  `checks`      refusals and checks, before any model call
+  `outputs`     stops, the stage clock, what generate returns
+  `loop`        the loop: one cycle for every batch size
+"""
+
+from .auto import automatic_budget, forget_budgets
+from .candidates import TreeCandidateGenerator
+from .loop import decode_cycle, start, tree_speculative_decode
+from .outputs import TEVGenerateOutput
+
+__all__ = [
+    "TEVGenerateOutput",
+    "TreeCandidateGenerator",
+    "automatic_budget",
+    "decode_cycle",
+    "forget_budgets",
+    "start",
+    "tree_speculative_decode",
+]

@@ -1,0 +1,130 @@
+"""The automatic budget inside decoding: its state kept per models and settings, and the size stage of a call.
+
+`hf_tev.budget` holds the rule (plain Python); here it meets the models. One calibration per (drafter, target,
+sampling, lookup), one cost model per (target, device, dtype, threads, attention, batch size), and the budget
+itself (its pauses, probes and cap) per both: a call continues where the last one on the same models stopped
+(docs/auto_budget.md). `TreeSizes` is a call's size stage: a fixed budget, or the automatic budget's choice.
+"""
+
+from __future__ import annotations
+
+import itertools
+import weakref
+
+import torch
+
+from ..budget import AcceptanceCalibration, CostAwareBudget, CycleCost
+from ..config import TEVConfig
+from ..lookup import lookup_path_logprobs
+
+_CALIBRATIONS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # drafter -> {key: calibration}
+_COSTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # target -> {key: CycleCost}
+_BUDGETS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # drafter -> {key: CostAwareBudget}
+# A target's number in those keys. Not `id(target)`: a target made after another was freed may get its address,
+# and would inherit its calibration and budget.
+_TARGET_NUMBERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_TARGET_COUNTER = itertools.count()
+
+
+def target_number(model) -> int:
+    if model not in _TARGET_NUMBERS:
+        _TARGET_NUMBERS[model] = next(_TARGET_COUNTER)
+    return _TARGET_NUMBERS[model]
+
+
+def automatic_budget(model, drafter, tev_config: TEVConfig, generation_config, batch: int = 1) -> CostAwareBudget:
+    """The `CostAwareBudget` of these models and settings (for one row of a batch of `batch` prompts), with the
+    calibration and cost model learnt by earlier calls (kept as long as the models live). A batch's cost model
+    is the pass of `batch` rows: it has its own entry per batch size.
+
+    The budget itself is kept too: a call starts with the drafter's pause and the cap the last call on the same
+    models left (only its probes start over, `CostAwareBudget.start_call`). Short calls would otherwise each
+    start by trying the drafter after 1, 2, 4, ... cycles, and where it does not pay (the kit at T = 1) those
+    tries are most of the cost of `budget="auto"`."""
+    sampling = (generation_config.do_sample, generation_config.temperature if generation_config.do_sample else 0)
+    owner = model if drafter is None else drafter  # lookup alone: the calibration of the target's context drafts
+    key = (target_number(model), sampling, tev_config.lookup)
+    calibration = _CALIBRATIONS.setdefault(owner, {}).setdefault(key, AcceptanceCalibration())
+    device = model.get_input_embeddings().weight.device
+    cost_key = (str(device), model.dtype, torch.get_num_threads(), model.config._attn_implementation)
+    if batch > 1:
+        cost_key += (batch,)
+    cost = _COSTS.setdefault(model, {}).setdefault(cost_key, CycleCost())
+    budgets = _BUDGETS.setdefault(owner, {})
+    budget_key = (key, cost_key, tev_config.max_budget)
+    if budget_key not in budgets:
+        budgets[budget_key] = CostAwareBudget(tev_config.max_budget, calibration, cost)
+    budget = budgets[budget_key]
+    budget.start_call()
+    return budget
+
+
+class TreeSizes:
+    """A call's size stage (stages 1-2 ask it what to draft and where to cut each tree; stage 6 tells it what
+    happened). A fixed budget (`budget` None): every tree as built. The automatic budget: one prompt streams a
+    `SizeRule` into its builder and cuts the tree where the expected tokens per second peak; a batch builds every
+    row's tree at the cap, then cuts them all to one size (`CostAwareBudget.common_size`: the batch's pass pays for
+    its largest tree in every row). Like any size fixed before the target's pass, both keep every verifier exact.
+    """
+
+    def __init__(self, budget: CostAwareBudget | None, lookup: bool, rows: int):
+        self.budget, self.lookup, self.batch = budget, lookup, rows > 1
+
+    def cap(self) -> int | None:
+        return None if self.budget is None else self.budget.cap()
+
+    def should_draft(self) -> bool:
+        return self.budget is None or self.budget.should_draft()
+
+    def rule(self, drafted: bool, draft_s: float):
+        """One prompt's `SizeRule` for the builder (None for a fixed budget, a batch, or nothing to size)."""
+        if self.budget is None or self.batch or not (drafted or self.lookup):
+            return None
+        if drafted:
+            self.budget.cost.observe_draft(draft_s)
+        return self.budget.size_rule(drafted=drafted)
+
+    def cut(self, trees, rule, drafted: bool, draft_s: float, continuations, lookup_stats):
+        """Each row's tree cut to its size, and the predicted block lengths (None for a fixed budget).
+
+        Args:
+            continuations, lookup_stats: one prompt's context drafts this cycle, the rate of a cycle without
+                the drafter (which it must beat).
+        """
+        if self.budget is None:
+            return trees, None
+        if self.batch:
+            return self._cut_batch(trees, drafted, draft_s)
+        if rule is None:
+            return trees, [1.0]
+        (tree,) = trees
+        tree = tree.truncated(rule.size() + 1)  # where the expected tokens per second peak
+        alternative = 0.0
+        if drafted and self.lookup:  # with context drafts, a cycle without the drafter still has a tree
+            alternative = self.budget.best_rate(lookup_path_logprobs(continuations, lookup_stats), False)
+        return [tree], [self.budget.chose(tree.num_nodes - 1, drafted, alternative)]
+
+    def _cut_batch(self, trees, drafted: bool, draft_s: float):
+        if not (drafted or self.lookup):
+            return trees, [1.0] * len(trees)
+        if drafted:
+            self.budget.cost.observe_draft(draft_s)
+        size, lengths = self.budget.common_size([(tree.path_logprobs or [0.0])[1:] for tree in trees], drafted)
+        self.budget.chose(size, drafted)
+        return [tree.truncated(size + 1) for tree in trees], lengths
+
+    def observe(self, trees, paths: list[list[int]], nodes: int, forward_s: float, other_s: float) -> None:
+        """Stage 6: what the cycle accepted (host paths) and what its pass of `nodes` tree tokens cost."""
+        if self.budget is None:
+            return
+        if self.batch:
+            outcomes = [(tree.path_logprobs, path) for tree, path in zip(trees, paths, strict=True)]
+            self.budget.observe_batch(outcomes, nodes, forward_s, other_s)
+        else:
+            self.budget.observe(trees[0].path_logprobs, paths[0], forward_s, other_s)
+
+
+def forget_budgets() -> None:
+    """Drop every kept budget (their pauses, probes and caps; calibrations and cost models stay): the next call
+    starts its schedule afresh, as a first call does."""
+    _BUDGETS.clear()

@@ -1,0 +1,151 @@
+"""Cache surgery and the tree pass's inputs: keeping the accepted path, the masks of one prompt and of a batch.
+
+One prompt's cache holds its committed tokens in order; a batch's rows share one cache layout whose columns a
+row may not see (its left padding, and holes where it accepted a shorter path than the cycle's longest), hidden
+by its mask (docs/design.md#batches). Both kinds of input have the same interface, so the decoding cycle is one
+for every batch size: `__call__` (tokens, mask, position ids of the rows' trees), `commit` (the accepted
+lengths), `select` (rows that stay) and `compact` (drop columns no row needs).
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers.cache_utils import DynamicCache
+
+from ..target_layers import tree_attention_masks
+from ..tree import DraftTree, TreeInputs
+
+
+class PromptTreeInputs:
+    """One prompt's tree-pass inputs: the mask in buffers reused across cycles (`hf_tev.tree.TreeInputs`), per
+    layer type for a target with sliding-window layers (`hf_tev.target_layers`). The root alone with nothing
+    hidden takes the target's plain decoding path (no mask).
+
+    Args:
+        max_past (`int`): the longest cache the call reaches before a tree pass.
+        hidden_columns (`torch.LongTensor`, *optional*): committed columns no node may see (left padding).
+    """
+
+    def __init__(self, model, max_past: int, device, hidden_columns=None):
+        self.model = model
+        self.buffers = TreeInputs(max_past, model.dtype, device, hidden_columns)
+
+    def __call__(self, trees: list[DraftTree], past: int, first_positions: list[int]):
+        """`(tokens [1, N], mask, position_ids [1, N])` of the one tree."""
+        (tree,) = trees
+        mask, positions = self.buffers(tree, past, first_positions[0])
+        return tree.tokens[None], tree_attention_masks(self.model, tree.depths, mask), positions
+
+    def commit(self, lengths: list[int]) -> None:
+        """Nothing to track: the cache keeps exactly the accepted path."""
+
+    def select(self, cache: DynamicCache, keep: list[int]) -> None:
+        """Never needed: the call ends when its one row stops."""
+
+    def compact(self, cache: DynamicCache) -> bool:
+        return False
+
+
+class BatchTreeInputs:
+    """The batch's tree-pass inputs, and which committed cache columns each row must not see.
+
+    All rows share one cache layout `[R, heads, C, head_dim]`. A row does not see its left padding, nor the
+    holes it keeps when it accepts a shorter path than the longest of the cycle (`commit_accepted_path` crops
+    the window to the longest path); `hidden` `[R, C]` marks those columns. A row sees its own committed tokens
+    at their own position ids, so its attention is the one it would have alone (the hidden columns add exact
+    zeros). `compact` removes holes once they are a large share of the cache; `select` drops finished rows.
+
+    Args:
+        hidden (`torch.BoolTensor` of shape `(R, C)`): committed columns each row must not see.
+        dtype (`torch.dtype`): the target's floating dtype (the additive mask's).
+    """
+
+    def __init__(self, hidden: torch.Tensor, dtype: torch.dtype):
+        self.hidden, self.dtype, self.min = hidden, dtype, torch.finfo(dtype).min
+
+    def __call__(self, trees: list[DraftTree], past: int, first_positions: list[int]):
+        """`(tokens [R, N], mask [R, 1, N, past + N], position_ids [R, N])` for the rows' trees padded to the
+        largest node count N. A padding node sees only itself and no node sees it; its outputs are ignored."""
+        rows, nodes, device = len(trees), max(tree.num_nodes for tree in trees), self.hidden.device
+        tokens = torch.zeros(rows, nodes, dtype=torch.long, device=device)
+        depths = torch.zeros(rows, nodes, dtype=torch.long, device=device)
+        visible = torch.eye(nodes, dtype=torch.bool, device=device).repeat(rows, 1, 1)  # [R, N, N]
+        for i, tree in enumerate(trees):
+            n = tree.num_nodes
+            tokens[i, :n], depths[i, :n] = tree.tokens, tree.depths
+            visible[i, :n, :n] = tree.visibility
+        mask = torch.zeros(rows, 1, nodes, past + nodes, dtype=self.dtype, device=device)
+        mask[..., :past].masked_fill_(self.hidden[:, None, None, :past], self.min)
+        mask[:, 0, :, past:].masked_fill_(~visible, self.min)
+        positions = depths + torch.tensor(first_positions, device=device)[:, None]
+        return tokens, mask, positions
+
+    def commit(self, lengths: list[int]) -> None:
+        """The cache grew by the longest accepted path; row i keeps `lengths[i]` of those columns."""
+        window = torch.arange(max(lengths), device=self.hidden.device)
+        holes = window[None] >= torch.tensor(lengths, device=self.hidden.device)[:, None]  # [R, K]
+        self.hidden = torch.cat([self.hidden, holes], dim=1)
+
+    def select(self, cache: DynamicCache, keep: list[int]) -> None:
+        """Keep only rows `keep` (in that order) of the cache and the mask state."""
+        self.hidden = select_rows(cache, self.hidden, keep)
+
+    def compact(self, cache: DynamicCache, min_share: float = 0.25) -> bool:
+        """`compact_columns` of the cache and the mask state; whether it compacted."""
+        hidden = compact_columns(cache, self.hidden, min_share)
+        if hidden is None:
+            return False
+        self.hidden = hidden
+        return True
+
+
+def select_rows(cache: DynamicCache, hidden: torch.Tensor, keep: list[int]) -> torch.Tensor:
+    """Keep only rows `keep` (in that order) of a batch cache; returns their `hidden` `[len(keep), C]`."""
+    index = torch.tensor(keep, dtype=torch.long, device=hidden.device)
+    cache.batch_select_indices(index)
+    return hidden[index]
+
+
+def compact_columns(cache: DynamicCache, hidden: torch.Tensor, min_share: float = 0.25) -> torch.Tensor | None:
+    """When at least `min_share` of a batch cache's columns can go (no row needs them), move every row's
+    visible columns to the right end (in order; a row with fewer keeps hidden columns on the left, like left
+    padding) and drop the rest: one gather per layer, so a full copy only every so often. Returns the new
+    `hidden` `[R, C']`, or None when nothing was done."""
+    columns = hidden.shape[1]
+    kept = int((~hidden).sum(dim=1).max()) if hidden.shape[0] else 0
+    if columns - kept < max(1.0, min_share * columns):
+        return None
+    # a stable sort puts each row's hidden columns first and its visible ones after, each in order
+    index = torch.argsort((~hidden).to(torch.int8), dim=1, stable=True)[:, columns - kept :]  # [R, kept]
+    for layer in cache.layers:
+        for name in ("keys", "values"):
+            states = getattr(layer, name)
+            rows = index[:, None, :, None].expand(-1, states.shape[1], -1, states.shape[3])
+            setattr(layer, name, states.gather(2, rows))
+    return hidden.gather(1, index)
+
+
+def commit_accepted_path(cache: DynamicCache, past: int, path: torch.Tensor, path_is_prefix: bool) -> None:
+    """Keep only the accepted path's rows of the tree window appended after `past` cached positions.
+
+    `path` is `[R, K]` (or `[K]` for one row): each row's accepted nodes, padded to the longest path K by
+    repeating its last node. Rows `past + path` move to `past .. past + K - 1` on every layer, then the window is
+    cropped to `past + K`. A row whose path is shorter than K keeps holes in its last columns, which its mask
+    hides (`BatchTreeInputs`). When every path is the first nodes of its tree (often: node order is best-first),
+    nothing moves.
+    """
+    index = past + (path if path.dim() == 2 else path[None])  # [R, K]
+    kept = index.shape[1]
+    if not path_is_prefix:
+        for layer in cache.layers:
+            if layer.keys is None:  # a KV-sharing layer (Gemma 4) that stores nothing of its own
+                continue
+            for states in (layer.keys, layer.values):  # [R, heads, past + N, head_dim]
+                if index.shape[0] == 1:  # one row: a plain index_select
+                    states[:, :, past : past + kept] = states.index_select(2, index[0])
+                    continue
+                rows = index[:, None, :, None].expand(-1, states.shape[1], -1, states.shape[3])
+                states[:, :, past : past + kept] = states.gather(2, rows)
+    excess = cache.get_seq_length() - (past + kept)
+    if excess:
+        cache.crop(-excess)

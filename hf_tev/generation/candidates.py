@@ -1,0 +1,211 @@
+"""Stages 1 and 2: drafting, transformers' `CandidateGenerator` for trees.
+
+`TreeCandidateGenerator.get_candidates` proposes one draft tree per row of the batch (a prompt is a batch of
+one): ONE drafter call drafts every row's block, then each row's tree is built by the configured tree source
+(`hf_tev.tree.TREE_BUILDERS`), merged with the row's context drafts when lookup is on (`hf_tev.lookup`), and cut
+to its size (`auto.TreeSizes`). `update_candidate_strategy` reports a row's outcome back: its accepted path, the
+newly committed tokens (for the context index) and their target features, which wait until the next draft
+appends them to the drafter's cache of context K/V (so a cycle that drafts nothing loses nothing).
+
+The drafter's context K/V of every row live in one cache with masked holes, like the target's
+(`cache.BatchTreeInputs`): each call appends every row's waiting context rows (different counts per row)
+padded to the longest, and the padding stays hidden from that row's blocks. A row drafts what it would draft
+alone (up to rounding; exactly, for a batch of one, which passes no mask).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from ..config import TEVConfig
+from ..lookup import ContextIndex, LookupStats, build_merged_tree
+from ..tree import TREE_BUILDERS, DraftTree, chain_tree
+from .cache import compact_columns, select_rows
+
+
+@dataclass
+class RowDrafts:
+    """One row's draft state: committed features not yet in the drafter's cache, its context index."""
+
+    context: torch.Tensor | None = None  # [1, c, k * hidden]
+    context_positions: torch.Tensor | None = None  # [1, c]
+    index: ContextIndex | None = None
+    lookup_stats: LookupStats | None = None
+
+
+@dataclass
+class Candidates:
+    """What stages 1-2 give the loop: each row's tree, the stage times and the predicted block lengths."""
+
+    trees: list[DraftTree]
+    draft_s: float  # the drafter's call, for the whole batch
+    build_s: list[float]  # each row's build
+    predicted: list[float] | None = None  # budget="auto": each tree's predicted block length
+    drafted: list[bool] = field(default_factory=list)
+
+
+class TreeCandidateGenerator:
+    """Proposes a draft tree per row and cycle from a DFlash drafter and/or the context.
+
+    Args:
+        drafter (`DFlashDraftModel`, *optional*): None for tree lookup decoding (context drafts alone).
+        rows (`int`): the batch size.
+    """
+
+    def __init__(self, drafter, target, tev_config: TEVConfig, rows: int, device):
+        self.drafter, self.target, self.budget = drafter, target, tev_config.largest_tree
+        self.builder = TREE_BUILDERS[tev_config.tree]
+        self.lookup = tev_config.lookup
+        self.rows = [RowDrafts() for _ in range(rows)]
+        if self.lookup:
+            for row in self.rows:
+                row.index = ContextIndex(
+                    tev_config.lookup_min_ngram,
+                    tev_config.lookup_max_ngram,
+                    tev_config.lookup_length,
+                    tev_config.lookup_branches,
+                )
+                row.lookup_stats = LookupStats()
+        self.hidden_indices = None if drafter is None else drafter.target_hidden_indices
+        if drafter is None:
+            return
+        self.block_size = tev_config.block_size or drafter.config.block_size
+        self.cache = drafter.new_cache()
+        self.hidden = torch.zeros(rows, 0, dtype=torch.bool, device=device)  # [R, C]: the cache's hidden columns
+        self.block_ids = torch.full((1, self.block_size), drafter.config.mask_token_id, dtype=torch.long, device=device)
+        self.block_offsets = torch.arange(self.block_size, device=device)  # [L]
+
+    def features(self, hidden_states) -> torch.Tensor | None:
+        """The drafter's context features `[R, N, k * hidden]` from a target output's hidden states; None
+        without a drafter."""
+        return None if self.drafter is None else self.drafter.context_features(hidden_states)
+
+    def update_candidate_strategy(self, row: int, features, positions, tokens: list[int], tree=None, path=None):
+        """A row's outcome: its newly committed tokens (host ids, for the context index), their target features
+        `[1, c, k * hidden]` and positions `[1, c]`, and the verified tree with its accepted path (host node
+        indices, for the lookup statistics; None after the prefill)."""
+        state = self.rows[row]
+        if state.index is not None:
+            state.index.extend(tokens)
+            if tree is not None:
+                state.lookup_stats.update(tree, path)
+        if features is None:
+            return
+        if state.context is None:
+            state.context, state.context_positions = features, positions
+        else:
+            state.context = torch.cat([state.context, features], dim=1)
+            state.context_positions = torch.cat([state.context_positions, positions], dim=1)
+
+    def get_candidates(self, roots, root_positions, max_depths, sizes, clock) -> Candidates:
+        """Stages 1-2: each row's tree.
+
+        Args:
+            roots (`list[torch.LongTensor]` of shape `(1,)`): each row's not-yet-verified token.
+            root_positions (`list[int]`): their position ids.
+            max_depths (`list[int]`): the deepest depth each row can still emit (fewer tokens may remain).
+            sizes (`auto.TreeSizes`): the call's size stage; clock (`outputs.StageClock`): times the stages.
+        """
+        cap = sizes.cap()
+        drafted = [None] * len(roots)
+        if self.drafter is not None and sizes.should_draft():
+            drafted = self.draft(roots, root_positions, max_depths, cap)
+        draft_s = clock.lap()
+        trees, build_s, rule = [], [], None
+        for i, (draft_logprobs, root, max_depth) in enumerate(zip(drafted, roots, max_depths, strict=True)):
+            rule = sizes.rule(draft_logprobs is not None, draft_s)
+            continuations = self.continuations(i, root, max_depth)
+            trees.append(self.build(draft_logprobs, root, continuations, self.rows[i].lookup_stats, rule, cap))
+            build_s.append(clock.lap())
+        any_drafted = any(q is not None for q in drafted)
+        trees, predicted = sizes.cut(trees, rule, any_drafted, draft_s, continuations, self.rows[0].lookup_stats)
+        build_s[-1] += clock.lap()
+        return Candidates(trees, draft_s, build_s, predicted, [q is not None for q in drafted])
+
+    def draft(self, roots, root_positions, max_depths, budget) -> list[torch.Tensor | None]:
+        """Stage 1: each row's drafter log-probs `[d_i, V]` of depths 1..d_i (None where no depth can be used),
+        `d_i = min(L - 1, max_depths[i], budget)`.
+
+        The block is always the drafter's full block `[root, MASK * (L-1)]` (it is trained on full blocks and
+        attends inside them bidirectionally); only the LM head is limited to the usable depths.
+        """
+        budget = self.budget if budget is None else budget
+        depths = [min(self.block_size - 1, depth, budget) for depth in max_depths]
+        if max(depths) <= 0:
+            return [None] * len(roots)
+        features, positions, padding = self._waiting_context(root_positions)
+        block_ids = self.block_ids.repeat(len(roots), 1)  # [R, L]: [root, MASK, ...]
+        block_ids[:, 0] = torch.cat(roots)
+        hidden = torch.cat([self.hidden, padding], dim=1)
+        visible = None  # one prompt hides nothing: the drafter's own unmasked path
+        if len(roots) > 1:
+            visible = torch.cat([~hidden, torch.ones_like(block_ids, dtype=torch.bool)], dim=1)
+        logits = self.drafter.draft_logits(
+            self.target,
+            features,
+            block_ids,
+            positions,
+            cache=self.cache,
+            num_depths=max(depths),
+            attention_mask=visible,
+        )  # [R, max d, V]
+        self.hidden = hidden
+        return [torch.log_softmax(logits[i, :d].float(), dim=-1) if d > 0 else None for i, d in enumerate(depths)]
+
+    def _waiting_context(self, root_positions):
+        """Every row's waiting context rows, padded to the longest: features `[R, c, k * H]`, position ids
+        `[R, c + L]` (the block's after them) and the padding `[R, c]` (True: hidden from the row)."""
+        states, device = self.rows, self.hidden.device
+        counts = [state.context.shape[1] for state in states]
+        width = max(counts)
+        if len(states) == 1:  # one row: its own tensors, no copy
+            (state,) = states
+            features, positions = state.context, state.context_positions
+            positions = torch.cat([positions, (root_positions[0] + self.block_offsets)[None]], dim=1)
+            state.context = state.context_positions = None  # in the drafter's cache now
+            return features, positions, torch.zeros(1, width, dtype=torch.bool, device=device)
+        features = states[0].context.new_zeros(len(states), width, states[0].context.shape[2])
+        positions = torch.zeros(len(states), width + self.block_size, dtype=torch.long, device=device)
+        padding = torch.ones(len(states), width, dtype=torch.bool, device=device)
+        for i, (state, count) in enumerate(zip(states, counts, strict=True)):
+            features[i, :count], positions[i, :count] = state.context[0], state.context_positions[0]
+            positions[i, width:] = root_positions[i] + self.block_offsets
+            padding[i, :count] = False
+        for state in states:
+            state.context = state.context_positions = None  # in the drafter's cache now
+        return features, positions, padding
+
+    def continuations(self, row: int, root, max_depth: int) -> list:
+        """A row's context drafts after `root`, at most `max_depth` deep (empty without lookup)."""
+        index = self.rows[row].index
+        if index is None:
+            return []
+        continuations = index.continuations(int(root))  # one host read of the root
+        return [(tokens[:max_depth], n) for tokens, n in continuations if max_depth > 0]
+
+    def build(self, draft_logprobs, root, continuations, lookup_stats, size_rule=None, budget=None) -> DraftTree:
+        """Stage 2: the tree of at most `budget` nodes (default: the configured budget; fewer where `size_rule`
+        stops it, see `hf_tev.budget`), with the context's continuations when lookup is on; the root alone
+        when nothing was proposed (a plain decoding step)."""
+        budget = self.budget if budget is None else budget
+        if self.lookup:
+            return build_merged_tree(
+                draft_logprobs, budget, root, continuations, lookup_stats, size_rule, device=root.device
+            )
+        if draft_logprobs is None:
+            return chain_tree(root.new_zeros((0, 1), dtype=torch.float32), 0, root)
+        return self.builder(draft_logprobs, budget, root, size_rule=size_rule)
+
+    def select(self, keep: list[int]) -> None:
+        """Keep only rows `keep` (in that order): rows that stopped leave the drafter's cache."""
+        self.rows = [self.rows[i] for i in keep]
+        if self.drafter is not None:
+            self.hidden = select_rows(self.cache, self.hidden, keep)
+
+    def compact(self) -> None:
+        if self.drafter is not None:
+            hidden = compact_columns(self.cache, self.hidden)
+            if hidden is not None:
+                self.hidden = hidden

@@ -1,0 +1,221 @@
+"""What a tree-decoding call may ask for: every refusal names the option and comes before any model call.
+
+The refusals are data (`REFUSED_OPTIONS`, walked by docs/generate_options.md's test); the checks read shapes and
+settings only.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+from transformers.cache_utils import DummyLayer, DynamicCache, DynamicLayer, DynamicSlidingWindowLayer
+
+from ..config import TEVConfig, tree_memory_bytes
+from ..target_layers import check_tree_layers, sliding_window
+
+TREE_ATTENTION = ("sdpa", "eager")  # implementations that take an arbitrary float 4D mask
+TREE_MEMORY_WARNING_BYTES = 1 << 30  # a call whose largest tree takes more per cycle warns with the estimate
+
+
+def is_set(value) -> bool:
+    return value is not None
+
+
+def is_unset(value) -> bool:
+    return value is None or (isinstance(value, dict) and not value)
+
+
+# generate options (GenerationConfig fields) tree decoding refuses: (field, refused when, what the option asks for)
+REFUSED_OPTIONS = (
+    ("num_beams", lambda v: v not in (None, 1), "beam search (tree decoding keeps one sequence: num_beams=1)"),
+    ("num_return_sequences", lambda v: v not in (None, 1), "several sequences per prompt (one only)"),
+    ("constraints", is_set, "constrained beam search"),
+    ("force_words_ids", is_set, "constrained beam search"),
+    ("penalty_alpha", lambda v: v is not None and v > 0, "contrastive search"),
+    ("dola_layers", is_set, "DoLa decoding"),
+    ("guidance_scale", lambda v: v not in (None, 1), "classifier-free guidance (an unconditional forward per step)"),
+    ("use_mtp", bool, "multi-token-prediction self-speculation, another speculative method"),
+    ("prompt_lookup_num_tokens", is_set, "prompt lookup decoding, another speculative method"),
+    ("assistant_early_exit", is_set, "early-exit self-speculation, another speculative method"),
+    ("speculation_type", is_set, "transformers' own speculative path (for its DFlash chain path drop `tev_config`)"),
+    ("assistant_ensemble_weight", is_set, "ensemble verification, which is not lossless (hf_tev's verifiers are)"),
+    ("is_assistant", bool, "the model as another model's assistant"),
+    ("output_attentions", bool, "returned attentions (output_scores / output_logits are returned)"),
+    ("output_hidden_states", bool, "returned hidden states (output_scores / output_logits are returned)"),
+    ("cache_implementation", lambda v: v not in (None, "dynamic"), "a cache other than a full-attention DynamicCache"),
+    (
+        "watermarking_config",
+        lambda v: "synthid" in type(v).__name__.lower() or (isinstance(v, dict) and "ngram_len" in v),
+        "SynthID watermarking, whose processor keeps state across calls",
+    ),
+)
+# the model kwargs the decoder takes (`use_cache` and `logits_to_keep` it chooses itself per forward)
+MODEL_KWARGS = ("attention_mask", "position_ids", "cache", "use_cache", "logits_to_keep")
+
+
+def refusal(name: str, value, what: str) -> ValueError:
+    shown = repr(value) if isinstance(value, (str, int, float, bool)) else f"<{type(value).__name__}>"
+    return ValueError(f"`{name}={shown}` asks for {what}, which hf_tev's tree decoding does not support.")
+
+
+def check_supported(model, drafter, input_ids, generation_config, tev_config: TEVConfig, model_kwargs) -> None:
+    """Raise a clear error, naming the option, for everything the tree decoder cannot do exactly as plain
+    `generate`; warn when the largest tree takes much memory. Reads shapes and settings only (no model call)."""
+    check_drafter(drafter, tev_config)
+    for name, refused, what in REFUSED_OPTIONS:
+        value = getattr(generation_config, name, None)
+        if refused(value):
+            raise refusal(name, value, what)
+    check_inputs(input_ids, model_kwargs)
+    check_tree_layers(model)  # target layers that cannot branch in a tree pass, before their cache is looked at
+    check_cache(model_kwargs.get("cache"), input_ids)
+    check_pair(model, drafter, tev_config)
+    warn_tree_memory(model, drafter, generation_config, tev_config)
+
+
+def check_drafter(drafter, tev_config: TEVConfig) -> None:
+    """A DFlash drafter with its weights loaded (none for tree lookup decoding)."""
+    if drafter is None and not tev_config.lookup:
+        raise ValueError(
+            "`tev_config` needs `assistant_model=` a DFlash drafter (hf_tev.DFlashDraftModel), or "
+            "`TEVConfig(lookup=True)` for tree lookup decoding without a drafter."
+        )
+    if drafter is not None and not hasattr(drafter, "draft_logits"):
+        raise TypeError(
+            f"`assistant_model` must be a DFlash drafter (hf_tev.DFlashDraftModel), got {type(drafter).__name__}. "
+            "Classic assistant models use transformers' assisted generation: drop `tev_config`."
+        )
+    if drafter is not None and any(p.is_meta for p in drafter.parameters()):
+        raise ValueError(
+            "`assistant_model` (the DFlash drafter) is on the meta device (no weights loaded): load its weights "
+            "first (DFlashDraftModel.from_pretrained, or from_target for a fresh drafter)."
+        )
+
+
+def check_inputs(input_ids, model_kwargs) -> None:
+    """Text `input_ids` with left-padding masks only, and no model input the decoder would not pass on."""
+    if model_kwargs.get("inputs_embeds") is not None:
+        raise ValueError(
+            "`inputs_embeds` is not supported by hf_tev's tree decoding (the drafter reads the target's features "
+            "of token ids): pass `input_ids`."
+        )
+    # generate sets `mm_encoder_outputs={}` (no pre-encoded images/audio) for a multimodal wrapper's text prompt
+    unknown = sorted(k for k, v in model_kwargs.items() if not is_unset(v) and k not in MODEL_KWARGS)
+    if unknown:
+        raise ValueError(
+            f"hf_tev's tree decoding does not pass {unknown} to the target's forward (it decodes text input_ids "
+            "with attention_mask / position_ids / cache only)."
+        )
+    attention_mask = model_kwargs.get("attention_mask")
+    if attention_mask is None:
+        return
+    if not bool(attention_mask.any()):
+        raise ValueError("`attention_mask` masks the whole prompt: there is no token to decode from.")
+    if attention_mask.shape != input_ids.shape:
+        raise ValueError(
+            f"`attention_mask` of shape {tuple(attention_mask.shape)} does not cover `input_ids` of shape "
+            f"{tuple(input_ids.shape)}: hf_tev's tree decoding takes the full sequence and its full mask."
+        )
+    if not bool(attention_mask[:, -1].all()):
+        rows = (~attention_mask[:, -1].bool()).nonzero()[:, 0].tolist()
+        raise ValueError(
+            f"`attention_mask` masks the last token of prompt row(s) {rows} (right padding or an empty "
+            "prompt); tree decoding takes left-padded prompts whose last token is real "
+            "(tokenizer(..., padding_side='left'))."
+        )
+
+
+def check_cache(cache, input_ids) -> None:
+    """A pre-filled cache to continue from: a full-attention DynamicCache that holds less than the sequence."""
+    if cache is None:
+        return
+    # an empty sliding layer is made full-length; a dummy layer is one that reuses another's K/V (Gemma 4)
+    layer_classes = (DynamicLayer, DynamicSlidingWindowLayer, DummyLayer)
+    if type(cache) is not DynamicCache or any(type(layer) not in layer_classes for layer in cache.layers):
+        raise ValueError(
+            f"hf_tev tree decoding supports a full-attention DynamicCache only, got {type(cache).__name__} "
+            f"with layers {sorted({type(layer).__name__ for layer in cache.layers})} "
+            "(static, quantized and linear-attention caches are not supported; sliding-window layers are kept "
+            "at full length)."
+        )
+    if getattr(cache, "offloading", False):
+        raise ValueError("hf_tev tree decoding does not support an offloaded cache (`cache_implementation`).")
+    past = cache.get_seq_length()
+    if past >= input_ids.shape[1]:
+        raise ValueError(
+            f"The cache already holds {past} tokens and `input_ids` has {input_ids.shape[1]}: to continue from "
+            "a cache, pass the whole sequence (the cache holds all of it but at least the last token, like "
+            "the cache generate returns)."
+        )
+
+
+def check_pair(model, drafter, tev_config: TEVConfig) -> None:
+    """The drafter fits the target, and the target's attention takes a tree mask."""
+    if drafter is not None:
+        drafter.check_target(model)
+    if drafter is not None and tev_config.block_size is not None and tev_config.block_size > drafter.config.block_size:
+        raise ValueError(
+            f"TEVConfig.block_size={tev_config.block_size} exceeds the drafter's block_size={drafter.config.block_size}"
+        )
+    attn = model.config._attn_implementation
+    if attn not in TREE_ATTENTION:
+        raise ValueError(
+            f"The tree pass needs an attention implementation that takes an arbitrary 4D mask ({TREE_ATTENTION}); "
+            f"this model uses {attn!r}. Call `model.set_attn_implementation('sdpa')` first."
+        )
+
+
+def warn_tree_memory(model, drafter, generation_config, tev_config: TEVConfig) -> None:
+    """Warn, with the estimate, when the largest tree takes more than `TREE_MEMORY_WARNING_BYTES` per cycle."""
+    nodes = tev_config.largest_tree + 1
+    if tev_config.tree == "chain" and drafter is not None and not tev_config.lookup:
+        nodes = min(nodes, (tev_config.block_size or drafter.config.block_size))
+    vocab = model.get_output_embeddings().weight.shape[0]
+    estimate = tree_memory_bytes(nodes, vocab, generation_config.max_length, model.dtype.itemsize)
+    if estimate > TREE_MEMORY_WARNING_BYTES:
+        warnings.warn(
+            f"TEVConfig: a tree of {nodes} nodes takes about {estimate / 2**30:.1f} GiB per cycle ({nodes} x "
+            f"{vocab} logits in several copies, and a {nodes} x {generation_config.max_length + nodes} mask); "
+            "lower `budget` (or `max_budget` for budget='auto') if that is too much.",
+            UserWarning,
+            stacklevel=4,
+        )
+
+
+def check_batch(input_ids, generation_config, model_kwargs, streamer) -> None:
+    """What a batch of prompts cannot ask for (one prompt can), each named before any model call."""
+    batch, width = input_ids.shape
+    cache = model_kwargs.get("cache")
+    if cache is not None and cache.get_seq_length() > 0:
+        raise ValueError(
+            f"A batch of {batch} prompts cannot continue from a pre-filled cache with hf_tev tree decoding: "
+            "pass the whole sequences without `cache`, or continue each prompt alone."
+        )
+    if streamer is not None:
+        raise ValueError("A streamer takes one sequence; hf_tev tree decoding of a batch does not stream.")
+    for name in ("output_scores", "output_logits"):
+        if generation_config.return_dict_in_generate and getattr(generation_config, name, False):
+            raise ValueError(
+                f"`{name}=True` with a batch of {batch} prompts is not supported by hf_tev tree decoding (rows "
+                "emit different numbers of tokens per cycle); decode the prompts one at a time for scores."
+            )
+    if width >= generation_config.max_length:
+        mask = model_kwargs.get("attention_mask")
+        lengths = [width] * batch if mask is None else mask.sum(dim=1).tolist()
+        rows = [r for r, n in enumerate(lengths) if n >= generation_config.max_length] or list(range(batch))
+        raise ValueError(
+            f"Prompt row(s) {rows} are at least `max_length`={generation_config.max_length} tokens long (the "
+            f"batch is {width} columns with its left padding): nothing can be generated; raise `max_length` "
+            "or set `max_new_tokens`."
+        )
+
+
+def check_batch_target(model) -> None:
+    """A batch's holed cache columns would shift each row's window: the windowed tree mask is one-prompt only."""
+    layers = DynamicCache(config=model.config).layers
+    if sliding_window(model) is not None or any(type(layer) is not DynamicLayer for layer in layers):
+        raise ValueError(
+            "hf_tev tree decoding of a batch supports full-attention models only; this model has sliding-window "
+            f"attention (window {sliding_window(model)}; cache layers "
+            f"{sorted({type(layer).__name__ for layer in layers})}): decode its prompts one at a time."
+        )

@@ -1,0 +1,297 @@
+"""The tree decoding loop, a transformers `custom_generate` callable: one decoding cycle for every batch size.
+
+A prompt is a batch of one: the same cycle decodes one prompt and R left-padded prompts, each row exactly as it
+would decode alone (docs/design.md#the-decoding-loop).
+
+  0. prefill:  `start` - the prompts' cache, their context features and each row's first root.
+  1. draft:    `TreeCandidateGenerator.get_candidates` - ONE drafter call for every row's block,
+  2. build:    then each row's tree, cut to its size (`auto.TreeSizes`).
+  3. forward:  `tree_forward` - ONE target forward over every row's tree with the tree mask.
+  4. verify:   `verifier_stage` - each row's logits processors and exact verifier, one cache commit.
+  5. commit:   `commit_row` - tokens, stops and outputs; the row's outcome goes back to the candidate generator
+               (`update_candidate_strategy`).
+  6. observe:  the size stage learns from the cycle; rows that stopped leave the batch and the cache.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from ..config import TEVConfig, TEVStats
+from ..target_layers import full_length_cache
+from ..verify import VERIFIERS, target_flow
+from .auto import TreeSizes, automatic_budget
+from .cache import BatchTreeInputs, PromptTreeInputs
+from .candidates import TreeCandidateGenerator
+from .checks import check_batch, check_batch_target, check_supported
+from .forward import prefill, probe_tree_costs, prompt_positions, tree_forward
+from .outputs import Outputs, StageClock, first_stop
+from .processors import processors_for_row, processors_for_tree
+from .verifier import next_token, verifier_stage
+
+
+@dataclass
+class Row:
+    """One prompt while it decodes."""
+
+    index: int  # its row in the caller's batch
+    sequence: torch.Tensor  # [1, L]: the (padded) prompt, the committed tokens and the root
+    next_position: int  # the root's position id
+    processors: object  # its LogitsProcessorList (`processors_for_row`)
+    stats: TEVStats = field(default_factory=TEVStats)
+    coverages: list = field(default_factory=list)  # 1 + C per cycle (tensors: read once at the end)
+
+    @property
+    def root(self) -> torch.Tensor:
+        return self.sequence[0, -1:]
+
+
+@dataclass
+class Decoding:
+    """A call's state between cycles."""
+
+    model: object
+    cache: object
+    rows: list[Row]  # unfinished rows, in cache order
+    done: dict  # finished rows by index
+    candidates: TreeCandidateGenerator
+    inputs: PromptTreeInputs | BatchTreeInputs
+    sizes: TreeSizes
+    verify: object  # a verifier of `hf_tev.verify.VERIFIERS`
+    generator: torch.Generator | None
+    stopping_criteria: object
+    generation_config: object
+    outputs: Outputs
+    clock: StageClock
+    batch: bool  # more than one prompt: rows can leave, per-cycle pass statistics are kept
+
+
+def tree_speculative_decode(
+    model,
+    input_ids: torch.LongTensor,
+    logits_processor,
+    stopping_criteria,
+    generation_config,
+    *,
+    drafter=None,
+    tev_config: TEVConfig | dict | None = None,
+    streamer=None,
+    tokenizer=None,
+    **model_kwargs,
+):
+    """The tree decoding loop, with the signature of a transformers `custom_generate` callable.
+
+    Args:
+        input_ids (`torch.LongTensor` of shape `(R, prompt_length)`): the prompt (with a pre-filled `cache`, the
+            whole sequence; only the tokens the cache does not hold are prefilled), or R > 1 left-padded prompts.
+        drafter (`DFlashDraftModel`): the drafter (`assistant_model=` on the `generate` route).
+        tev_config (`TEVConfig` or `dict`, *optional*): defaults to `TEVConfig()`.
+        streamer, tokenizer: as for `generate` (the route uses the tokenizer for `stop_strings` and
+            `token_healing`).
+    Returns:
+        `torch.LongTensor` of shape `(R, total_length)`, or a `TEVGenerateOutput` with
+        `return_dict_in_generate=True`, whose `cache` holds every returned token but the last, as plain
+        `generate`'s does. For a batch, rows that stopped early are padded with `pad_token_id` as plain
+        generate pads them, `tev_stats` is a list with each row's `TEVStats`, and no cache is returned (rows
+        leave the cache as they stop).
+    """
+    tev_config = TEVConfig() if tev_config is None else TEVConfig.coerce(tev_config)
+    check_supported(model, drafter, input_ids, generation_config, tev_config, model_kwargs)
+    if input_ids.shape[0] > 1:
+        check_batch(input_ids, generation_config, model_kwargs, streamer)
+        check_batch_target(model)
+    state = start(
+        model, drafter, input_ids, logits_processor, stopping_criteria, generation_config, tev_config, streamer,
+        model_kwargs,
+    )  # fmt: skip
+    while state.rows:
+        decode_cycle(state)
+    return finish(state, input_ids.shape[1])
+
+
+tree_speculative_decode._hf_tev_decode = True  # the route recognises this entry in `custom_generate=`
+
+
+def start(model, drafter, input_ids, logits_processor, stopping_criteria, generation_config, tev_config, streamer,
+          model_kwargs) -> Decoding:  # fmt: skip
+    """Stage 0: prefill every prompt (each row's real tokens at positions 0, 1, ... as it would be alone), draw
+    each row's first root, and set up the call's state."""
+    batch, device = input_ids.shape[0], input_ids.device
+    attention_mask = model_kwargs.get("attention_mask")
+    clock = StageClock(device)
+    cache = full_length_cache(model, model_kwargs.get("cache"))  # sliding layers at full length, windowed by mask
+    past = cache.get_seq_length()
+    real = torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
+    positions = model_kwargs.get("position_ids")
+    positions = prompt_positions(real) if positions is None else positions
+    raw, features = prefill(
+        model, drafter, input_ids, cache, attention_mask, positions, generation_config.prefill_chunk_size
+    )
+    generator = None if tev_config.seed is None else torch.Generator(device=device).manual_seed(tev_config.seed)
+    outputs = Outputs(generation_config, streamer)
+    processors = processors_for_tree(logits_processor)
+    rows, done = [], {}
+    for r in range(batch):
+        row_processors = processors_for_row(processors, r)
+        processed = row_processors(input_ids[r : r + 1], raw[r : r + 1])
+        root = next_token(processed, generation_config.do_sample, generator)  # [1]
+        row = Row(r, torch.cat([input_ids[r : r + 1], root[None]], 1), int(positions[r, -1]) + 1, row_processors)
+        outputs.add(processed, raw[r : r + 1])
+        outputs.stream(root)
+        if first_stop(stopping_criteria, row.sequence, input_ids.shape[1], outputs.scores) is None:
+            rows.append(row)
+        else:
+            done[r] = row  # stopped at its first token
+    candidates = TreeCandidateGenerator(drafter, model, tev_config, len(rows), device)
+    for i, row in enumerate(rows):  # the prompt's real tokens: the drafter's first context, the context index
+        keep, new = real[row.index], None if features is None else features[row.index : row.index + 1]
+        new_positions = positions[row.index : row.index + 1, past:]
+        if not bool(keep.all()):
+            new = None if new is None else new[:, keep[past:]]
+            new_positions = new_positions[:, keep[past:]]
+        tokens = input_ids[row.index, keep].tolist() if tev_config.lookup else None
+        candidates.update_candidate_strategy(i, new, new_positions, tokens)
+    inputs = tree_pass_inputs(model, real, rows, cache, generation_config.max_length)
+    budget = automatic_budget(model, drafter, tev_config, generation_config, batch) if tev_config.is_auto else None
+    if rows and budget is not None and not budget.cost.probed:
+        roots, first_positions = [row.root for row in rows], [row.next_position for row in rows]
+        budget.cost.set_probe(
+            *probe_tree_costs(
+                model, cache, inputs, roots, first_positions, candidates.hidden_indices, tev_config.max_budget + 1
+            )
+        )
+    prefill_s = clock.lap()
+    for row in [*rows, *done.values()]:
+        row.stats.prefill_time = prefill_s
+    verify = VERIFIERS[tev_config.verifier if generation_config.do_sample else "greedy"]
+    sizes = TreeSizes(budget, tev_config.lookup, batch)
+    return Decoding(
+        model, cache, rows, done, candidates, inputs, sizes, verify, generator, stopping_criteria,
+        generation_config, outputs, clock, batch > 1,
+    )  # fmt: skip
+
+
+def tree_pass_inputs(model, real: torch.Tensor, rows: list[Row], cache, max_length: int):
+    """The call's tree-pass inputs: one prompt's (its left padding hidden for good), or the batch's (each row's
+    hidden columns tracked as the cache grows), for the rows still decoding."""
+    if real.shape[0] == 1:
+        pad_columns = None if bool(real.all()) else (~real[0]).nonzero(as_tuple=True)[0]
+        return PromptTreeInputs(model, max_length, real.device, pad_columns)
+    inputs = BatchTreeInputs(~real, model.dtype)
+    if len(rows) < real.shape[0]:
+        inputs.select(cache, [row.index for row in rows])
+    return inputs
+
+
+def decode_cycle(state: Decoding) -> None:
+    """One cycle for every unfinished row: draft -> build -> tree pass -> verify -> commit -> observe."""
+    rows, cache, clock = state.rows, state.cache, state.clock
+    past = cache.get_seq_length()
+    # 1.-2. Draft and build. The tokens still allowed after the root bound each tree's depth (the bonus is one).
+    max_depths = [state.generation_config.max_length - row.sequence.shape[1] - 1 for row in rows]
+    roots, first_positions = [row.root for row in rows], [row.next_position for row in rows]
+    candidates = state.candidates.get_candidates(roots, first_positions, max_depths, state.sizes, clock)
+    trees = candidates.trees
+    # 3. Tree pass: ONE target forward over every row's tree.
+    tokens, mask, positions = state.inputs(trees, past, first_positions)
+    out = tree_forward(state.model, tokens, cache, mask, positions, state.candidates.hidden_indices)
+    logits = out.logits.float()  # [R, N, V]
+    forward_s = clock.lap()
+    # 4. Verify: each row's processors and exact decision; the cache keeps every row's accepted path.
+    committed = [row.sequence[:, :-1] for row in rows]
+    processors = [row.processors for row in rows]
+    paths, bonuses, processed = verifier_stage(
+        trees, logits, committed, processors, state.verify, state.generator, cache, past
+    )
+    state.inputs.commit([path.numel() for path in paths])
+    verify_s = clock.lap()
+    # 5. Commit each row's tokens; its outcome goes back to the candidate generator.
+    features = state.candidates.features(out.hidden_states)  # [R, N, k * H] or None
+    del out
+    host_paths = [path.tolist() for path in paths]
+    stopped = []
+    for i, row in enumerate(rows):
+        emitted = (processed[i], logits[i])
+        stopped.append(commit_row(state, i, trees[i], paths[i], host_paths[i], bonuses[i], emitted, features))
+        times = (candidates.draft_s, candidates.build_s[i], forward_s, verify_s)
+        record_cycle(state, row, trees[i], host_paths[i], processed[i], times, tokens.shape[1])
+        if candidates.predicted is not None:
+            row.stats.predicted_lengths.append(candidates.predicted[i])
+    rest_s = clock.lap()
+    # 6. Observe: the size stage learns what the trees accepted and what the pass cost; stopped rows leave.
+    other_s = sum(candidates.build_s) + verify_s + rest_s
+    state.sizes.observe(trees, host_paths, tokens.shape[1] - 1, forward_s, other_s)
+    leave(state, stopped)
+
+
+def commit_row(state: Decoding, i: int, tree, path, host_path: list[int], bonus, emitted, features) -> bool:
+    """Stage 5 for row i: append its accepted tokens and bonus, hand the candidate generator its outcome (the
+    accepted nodes' features become the drafter's next context, the tokens the context index's), keep the
+    scores / logits of the emitted tokens (`emitted`: the tree's processed and raw rows, when returned), stream,
+    and whether it stopped (its sequence then cut at the stop)."""
+    row = state.rows[i]
+    accepted, start = path.numel(), row.sequence.shape[1]
+    row.sequence = torch.cat([row.sequence, tree.tokens[path[1:]][None], bonus.view(1, 1)], dim=1)
+    positions = torch.arange(row.next_position, row.next_position + accepted, device=row.sequence.device)[None]
+    tokens = row.sequence[0, start - 1 : -1].tolist() if state.candidates.lookup else None  # old root + accepted
+    row_features = None if features is None else features[i : i + 1, path]
+    state.candidates.update_candidate_strategy(i, row_features, positions, tokens, tree, host_path)
+    row.next_position += accepted
+    if state.outputs.scores is not None or state.outputs.logits is not None:
+        state.outputs.add(emitted[0][path], emitted[1][path])
+    stop = first_stop(state.stopping_criteria, row.sequence, start, state.outputs.scores)
+    if stop is not None:
+        row.sequence = row.sequence[:, : stop + 1]
+    state.outputs.stream(row.sequence[0, start:])
+    return stop is not None
+
+
+def record_cycle(state: Decoding, row: Row, tree, path: list[int], processed, times, pass_nodes: int):
+    """The row's statistics of this cycle (`times`: its draft, build, forward and verify seconds)."""
+    stats, accepted = row.stats, len(path)
+    stats.record(accepted, tree.num_nodes - 1, *times)
+    stats.count_sources(tree.node_info.sources if tree.node_info else None, path)
+    if state.batch:
+        stats.pass_rows.append(len(state.rows))
+        stats.pass_nodes.append(pass_nodes)
+    if state.outputs.return_dict:  # coverage 1 + C, only for returned statistics
+        plain = not state.generation_config.do_sample or tree.num_nodes == 1  # the coverage is the accepted length
+        row.coverages.append(float(accepted) if plain else target_flow(tree, processed)[0].sum())
+
+
+def leave(state: Decoding, stopped: list[bool]) -> None:
+    """Rows that stopped leave the batch and the caches at once (so they cost nothing further); a batch's holes
+    go once they are a large share of its caches."""
+    if any(stopped):
+        for row, stop in zip(state.rows, stopped, strict=True):
+            if stop:
+                state.done[row.index] = row
+        keep = [i for i, stop in enumerate(stopped) if not stop]
+        state.rows = [state.rows[i] for i in keep]
+        if state.rows:
+            state.inputs.select(state.cache, keep)
+            state.candidates.select(keep)
+    if state.batch and state.rows:
+        state.inputs.compact(state.cache)
+        state.candidates.compact()
+
+
+def finish(state: Decoding, prompt_length: int):
+    """The call's result: one prompt's output with its cache, or the batch's padded rows."""
+    rows = [state.done[r] for r in sorted(state.done)]
+    for row in rows:
+        row.stats.coverages = [float(c) for c in row.coverages]
+        if state.sizes.budget is not None:
+            row.stats.budget_model = state.sizes.budget.cost.summary()
+    if state.batch:
+        pad = state.generation_config._pad_token_tensor
+        return state.outputs.batch_result([row.sequence for row in rows], [row.stats for row in rows], pad)
+    (row,) = rows
+    # The cache holds every returned token but the last, as plain generate's: the rows of accepted tokens after
+    # a stop inside the last block go (a continuation from this cache then equals an uninterrupted run).
+    excess = state.cache.get_seq_length() - (row.sequence.shape[1] - 1)
+    if excess > 0:
+        state.cache.crop(-excess)
+    return state.outputs.result(row.sequence, prompt_length, state.cache, row.stats)

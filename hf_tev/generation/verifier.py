@@ -1,0 +1,66 @@
+"""Stage 4, the verifier stage the paper times: per-node logits processing, the exact decision, the cache commit.
+
+The decision is one of `hf_tev.verify.VERIFIERS` (`"greedy"` for greedy decoding); it returns the accepted
+path on the host (its one host sync) and the bonus token on the device.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..verify import VERIFIERS
+from .cache import commit_accepted_path
+from .processors import process_tree_logits
+
+
+def next_token(scores: torch.Tensor, do_sample: bool, generator=None) -> torch.LongTensor:
+    """The target's own next token from processed scores `[1, V]` -> `[1]` (the prefill's root, a root-only
+    cycle's bonus)."""
+    if do_sample:
+        return torch.multinomial(torch.softmax(scores, dim=-1), 1, generator=generator)[0]
+    return scores.argmax(dim=-1)
+
+
+def verify_tree(tree, logits, committed_ids, logits_processor, verify, generator):
+    """One row's processing and decision.
+
+    Args:
+        logits (`torch.FloatTensor` of shape `(N, V)`): raw target logits of the row's tree, float32.
+        committed_ids (`torch.LongTensor` of shape `(1, past)`): the row's committed tokens (its left padding
+            included, as plain generate's processors see them).
+    Returns:
+        `(path, bonus, processed)`: accepted node indices root first `[k + 1]` (host), the bonus token (0-dim,
+        device) and the processed scores `[N, V]` (each verifier normalises only the rows it needs).
+    """
+    processed = process_tree_logits(logits_processor, committed_ids, tree, logits)
+    if tree.num_nodes == 1:  # the root alone, a plain decoding step: its bonus is the target's own next token
+        bonus = next_token(processed, verify is not VERIFIERS["greedy"], generator)[0]
+        return torch.zeros(1, dtype=torch.long), bonus, processed
+    path, bonus = verify(tree, processed, generator=generator)  # path on the host: the verifier's one host sync
+    return path, bonus, processed
+
+
+def verifier_stage(trees, logits, committed_ids, logits_processors, verify, generator, cache, past):
+    """Stage 4 for every row: `verify_tree` per row, then one commit of every row's path into the cache.
+
+    Args:
+        logits (`torch.FloatTensor` of shape `(R, N, V)`): raw target logits of the tree pass, float32.
+        committed_ids (`list` of `torch.LongTensor` of shape `(1, past_i)`): each row's committed tokens.
+        logits_processors (`list` of `LogitsProcessorList`): each row's processors (`processors_for_row`).
+        cache: the target cache whose tree window after `past` keeps each row's accepted path.
+    Returns:
+        `(paths, bonuses, processed)`, one entry per row, as `verify_tree` returns them.
+    """
+    paths, bonuses, processed = [], [], []
+    for i, tree in enumerate(trees):
+        path, bonus, scores = verify_tree(
+            tree, logits[i, : tree.num_nodes], committed_ids[i], logits_processors[i], verify, generator
+        )
+        paths.append(path)
+        bonuses.append(bonus)
+        processed.append(scores)
+    longest = max(path.numel() for path in paths)
+    padded = torch.stack([torch.cat([path, path[-1:].expand(longest - path.numel())]) for path in paths])
+    is_prefix = bool((padded == torch.arange(longest)).all())
+    commit_accepted_path(cache, past, padded.to(logits.device, non_blocking=True), is_prefix)
+    return paths, bonuses, processed
