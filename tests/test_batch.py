@@ -4,14 +4,14 @@ import json
 
 import pytest
 import torch
-from conftest import make_target
-from test_generation import (
+from helpers import (
     RecordingStreamer,
     TemperatureLike,
     chi_square_pvalue,
     exact_last_two_law,
     greedy,
     make_drafter,
+    make_target,
 )
 from transformers import LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
 
@@ -33,7 +33,7 @@ def left_padded(prompts, pad=0):
 
 
 def with_row_oracles(drafter, references):
-    """`test_generation.with_oracle` for a batch: the drafter mostly knows each row's greedy continuation.
+    """`helpers.with_oracle` for a batch: the drafter mostly knows each row's greedy continuation.
 
     `references[r]` is row r's sequence alone (no padding), indexed by the row's own position ids. A batch drafts
     every row in one call, in an order the oracle does not see: a block's row is the first reference with the

@@ -7,110 +7,25 @@ from collections import Counter
 
 import pytest
 import torch
-from conftest import make_target
+from helpers import (
+    EPS,
+    HEAD_DIM,
+    HEADS,
+    HIDDEN,
+    KV_HEADS,
+    THETA,
+    VOCAB,
+    make_target,
+    published_config,
+    published_weights,
+    write_checkpoint,
+)
 from safetensors.torch import load_file, save_file
 
 from hf_tev.configuration_dflash import DFlashConfig, default_target_layer_ids
 from hf_tev.modeling_dflash import DFlashDraftModel, default_mask_token_id
 
-HIDDEN, HEADS, KV_HEADS, HEAD_DIM, INTER, VOCAB, EPS, THETA = 32, 4, 2, 8, 48, 96, 1e-6, 10000.0
-
-
 # ----------------------------------------------------------------------------- a published-style checkpoint
-
-
-def published_weights(num_layers: int, num_features: int, dtype=torch.float32, seed: int = 0) -> dict:
-    """Random weights under the published names (norm weights away from 1 so that they matter)."""
-    g = torch.Generator().manual_seed(seed)
-
-    def rand(*shape, scale=0.2):
-        return (torch.randn(*shape, generator=g) * scale).to(dtype)
-
-    def norm(n):
-        return (1.0 + torch.randn(n, generator=g) * 0.2).to(dtype)
-
-    w = {
-        "fc.weight": rand(HIDDEN, num_features * HIDDEN),
-        "hidden_norm.weight": norm(HIDDEN),
-        "norm.weight": norm(HIDDEN),
-    }
-    for n in range(num_layers):
-        p = f"layers.{n}."
-        w.update(
-            {
-                p + "self_attn.q_proj.weight": rand(HEADS * HEAD_DIM, HIDDEN),
-                p + "self_attn.k_proj.weight": rand(KV_HEADS * HEAD_DIM, HIDDEN),
-                p + "self_attn.v_proj.weight": rand(KV_HEADS * HEAD_DIM, HIDDEN),
-                p + "self_attn.o_proj.weight": rand(HIDDEN, HEADS * HEAD_DIM),
-                p + "self_attn.q_norm.weight": norm(HEAD_DIM),
-                p + "self_attn.k_norm.weight": norm(HEAD_DIM),
-                p + "mlp.gate_proj.weight": rand(INTER, HIDDEN),
-                p + "mlp.up_proj.weight": rand(INTER, HIDDEN),
-                p + "mlp.down_proj.weight": rand(HIDDEN, INTER),
-                p + "input_layernorm.weight": norm(HIDDEN),
-                p + "post_attention_layernorm.weight": norm(HIDDEN),
-            }
-        )
-    return w
-
-
-def published_config(
-    num_layers: int = 2,
-    num_target_layers: int = 6,
-    target_layer_ids=(1, 3),
-    mask_token_id=95,
-    block_size=4,
-    block_size_in_dflash_config=False,
-    dtype="float32",
-) -> dict:
-    """config.json as transformers 4.x wrote it for the published drafters (tiny dimensions)."""
-    dflash = {"mask_token_id": mask_token_id}
-    if target_layer_ids is not None:
-        dflash["target_layer_ids"] = list(target_layer_ids)
-    config = {
-        "architectures": ["DFlashDraftModel"],
-        "attention_bias": False,
-        "attention_dropout": 0.0,
-        "auto_map": {"AutoModel": "dflash.DFlashDraftModel"},
-        "bos_token_id": 1,
-        "eos_token_id": 2,
-        "dflash_config": dflash,
-        "head_dim": HEAD_DIM,
-        "hidden_act": "silu",
-        "hidden_size": HIDDEN,
-        "initializer_range": 0.02,
-        "intermediate_size": INTER,
-        "layer_types": ["full_attention"] * num_layers,
-        "max_position_embeddings": 512,
-        "max_window_layers": num_layers,
-        "model_type": "qwen3",
-        "num_attention_heads": HEADS,
-        "num_hidden_layers": num_layers,
-        "num_key_value_heads": KV_HEADS,
-        "num_target_layers": num_target_layers,
-        "rms_norm_eps": EPS,
-        "rope_scaling": None,
-        "rope_theta": THETA,
-        "sliding_window": None,
-        "tie_word_embeddings": False,
-        "torch_dtype": dtype,
-        "transformers_version": "4.57.1",
-        "use_cache": True,
-        "use_sliding_window": False,
-        "vocab_size": VOCAB,
-    }
-    if block_size_in_dflash_config:
-        dflash["block_size"] = block_size
-    else:
-        config["block_size"] = block_size
-    return config
-
-
-def write_checkpoint(folder, config: dict, weights: dict):
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "config.json").write_text(json.dumps(config, indent=2))
-    save_file(weights, str(folder / "model.safetensors"), metadata={"format": "pt"})
-    return folder
 
 
 @pytest.fixture

@@ -4,7 +4,16 @@ layers. Prompts are longer than the window (40 tokens, window 8) so the window m
 
 import pytest
 import torch
-from test_generation import TemperatureLike, chi_square_pvalue, exact_last_two_law, with_oracle
+from helpers import (
+    TemperatureLike,
+    chi_square_pvalue,
+    exact_last_two_law,
+    make_drafter,
+    published_config,
+    published_weights,
+    with_oracle,
+    write_checkpoint,
+)
 from transformers import (
     Gemma3ForCausalLM,
     Gemma3TextConfig,
@@ -111,8 +120,7 @@ def make_family_target(family: str, vocab_size: int = 96, num_layers: int = 4, s
 
 
 def make_family_drafter(target, family: str, seed: int = 1):
-    torch.manual_seed(seed)
-    return DFlashDraftModel.from_target(target, num_layers=1, block_size=BLOCK_SIZE.get(family, 8))
+    return make_drafter(target, block_size=BLOCK_SIZE.get(family, 8), seed=seed)
 
 
 def long_prompt(vocab_size: int, seed: int = 5, length: int = PROMPT_LENGTH) -> torch.LongTensor:
@@ -290,8 +298,6 @@ RELEASED_LAYOUTS = {
 
 
 def released_checkpoint(folder, layout: str):
-    from test_dflash_model import published_config, published_weights, write_checkpoint
-
     config = published_config(num_layers=1, num_target_layers=4, target_layer_ids=(1,), mask_token_id=95, block_size=16)
     for key, value in RELEASED_LAYOUTS[layout].items():
         if value is None:

@@ -14,8 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import make_target
-from test_generation import with_oracle
+from helpers import Collect, make_drafter, make_target, with_oracle
 from transformers import (
     CompileConfig,
     ContinuousBatchingConfig,
@@ -31,9 +30,8 @@ from transformers import (
     WatermarkingConfig,
 )
 from transformers.generation.configuration_utils import METADATA_FIELDS
-from transformers.generation.streamers import BaseStreamer
 
-from hf_tev import DFlashDraftModel, TEVConfig
+from hf_tev import TEVConfig
 from hf_tev.generation import tree_speculative_decode
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "generate_options.md"
@@ -65,8 +63,7 @@ class Context:
         self.eos = self.gen[3]  # a token plain greedy emits early, as an EOS
 
     def drafter(self, reference=None):
-        torch.manual_seed(1)
-        drafter = DFlashDraftModel.from_target(self.target, num_layers=1, block_size=8).eval()
+        drafter = make_drafter(self.target)
         return drafter if reference is None else with_oracle(drafter, reference)
 
 
@@ -310,17 +307,6 @@ def check_sampling(ctx, make):
     expected = [processors(ours.sequences[:, : N + i], raw) for i, raw in enumerate(ours.logits)]
     assert_same_scores(ours.scores, tuple(expected))
     assert ours.tev_stats.num_cycles > 0
-
-
-class Collect(BaseStreamer):
-    def __init__(self):
-        self.tokens, self.ended = [], False
-
-    def put(self, value):
-        self.tokens += value.reshape(-1).tolist()
-
-    def end(self):
-        self.ended = True
 
 
 def check_kit(make):

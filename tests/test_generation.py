@@ -7,47 +7,25 @@ import warnings
 
 import pytest
 import torch
-from conftest import make_target
+from helpers import (
+    RecordingStreamer,
+    TemperatureLike,
+    chi_square_pvalue,
+    exact_last_two_law,
+    greedy,
+    make_drafter,
+    make_target,
+    with_oracle,
+)
 from transformers import LogitsProcessorList, StoppingCriteria, StoppingCriteriaList, TopKLogitsWarper, TopPLogitsWarper
 from transformers.generation import GenerateDecoderOnlyOutput
-from transformers.generation.streamers import BaseStreamer
 
 import hf_tev
-from hf_tev import DFlashDraftModel, TEVConfig
+from hf_tev import TEVConfig
 from hf_tev.generation import commit_accepted_path
 from hf_tev.tree import build_tree, tree_attention_mask, tree_position_ids
 
 PROMPTS = [[1, 5, 9, 13, 7], [1, 40, 41, 3, 3, 17, 88, 20, 6]]
-
-
-def make_drafter(target, block_size=8, seed=1):
-    torch.manual_seed(seed)
-    return DFlashDraftModel.from_target(target, num_layers=1, block_size=block_size).eval()
-
-
-def with_oracle(drafter, reference):
-    """Make a drafter that mostly knows the target's greedy continuation `reference` (so trees get accepted).
-
-    Depth d of a block rooted at position n boosts `reference[n + d]`; every third position gets a small boost
-    only, so the right token is often not the drafter's first choice and only a branching tree catches it.
-    """
-    real = drafter.draft_logits
-
-    def draft_logits(target, context, block_ids, position_ids, cache=None, num_depths=None):
-        logits = real(target, context, block_ids, position_ids, cache=cache, num_depths=num_depths)
-        root_position = int(position_ids[0, -block_ids.shape[1]])
-        for depth in range(1, logits.shape[1] + 1):
-            position = root_position + depth
-            if position < reference.shape[1]:
-                logits[0, depth - 1, reference[0, position]] += 40.0 if position % 3 else 4.0
-        return logits
-
-    drafter.draft_logits = draft_logits
-    return drafter
-
-
-def greedy(target, prompt, **kwargs):
-    return target.generate(prompt, do_sample=False, **kwargs)
 
 
 @pytest.mark.parametrize("arch", ["qwen3", "llama"])
@@ -196,17 +174,6 @@ def test_processors_per_node_match_plain_generate():
     assert out.tev_stats.tau > 1
 
 
-class RecordingStreamer(BaseStreamer):
-    def __init__(self):
-        self.chunks, self.ended = [], False
-
-    def put(self, value):
-        self.chunks.append(value.reshape(-1).tolist())
-
-    def end(self):
-        self.ended = True
-
-
 class StopAfterToken(StoppingCriteria):
     def __init__(self, token):
         self.token = token
@@ -290,43 +257,6 @@ def test_tree_pass_logits_equal_path_forwards_and_compaction():
 # ---------------------------------------------------------------------------------------------------------
 # Sampling: the output law must be the target's own sampling law
 # ---------------------------------------------------------------------------------------------------------
-def exact_last_two_law(target, prompt, warpers, new_tokens=4):
-    """P(generated tokens new_tokens - 1 and new_tokens), all earlier generated tokens summed out, under the
-    target's own sampling with `warpers`. With 4 new tokens the first cycle after the prefill drafts a tree of
-    depth 2 whose accepted path can emit both tokens, so tree verification itself is on trial."""
-    with torch.no_grad():
-        vocab = target.get_output_embeddings().weight.shape[0]
-        sequences, mass = prompt, torch.ones(1, dtype=torch.float64)  # every prefix and its probability
-        for step in range(new_tokens):
-            probs = torch.softmax(warpers(sequences, target(sequences).logits[:, -1].float()), -1).double()
-            if step < new_tokens - 2:
-                mass = (mass[:, None] * probs).reshape(-1)
-                sequences = torch.cat(
-                    [sequences.repeat_interleave(vocab, 0), torch.arange(vocab).repeat(sequences.shape[0])[:, None]], 1
-                )
-            elif step == new_tokens - 2:
-                joint = mass[:, None] * probs  # [prefixes, V]: P(prefix, token n-1)
-                sequences = torch.cat(
-                    [sequences.repeat_interleave(vocab, 0), torch.arange(vocab).repeat(sequences.shape[0])[:, None]], 1
-                )
-            else:
-                law = (joint.reshape(-1, 1) * probs).reshape(-1, vocab, vocab).sum(0)  # [V, V]
-    return law.float()
-
-
-def chi_square_pvalue(counts, law, min_expected=5.0):
-    """Pearson chi-square p-value, pooling cells with small expectation into one."""
-    expected = law.flatten() * counts.sum()
-    counts = counts.flatten().double()
-    small = expected < min_expected
-    obs = torch.cat([counts[~small], counts[small].sum()[None]])
-    exp = torch.cat([expected[~small], expected[small].sum()[None]]).double()
-    keep = exp > 0
-    stat = ((obs[keep] - exp[keep]) ** 2 / exp[keep]).sum()
-    dof = int(keep.sum()) - 1
-    return float(torch.special.gammaincc(torch.tensor(dof / 2.0, dtype=torch.float64), stat / 2.0))
-
-
 @pytest.mark.parametrize("verifier,budget", [("tev", 6), ("predraw", 6), ("tev", "auto")])
 @pytest.mark.parametrize("warp", ["plain", "top_k_top_p"])
 def test_sampling_law_matches_target(verifier, budget, warp, monkeypatch):
@@ -369,14 +299,6 @@ def test_sampling_law_matches_target(verifier, budget, warp, monkeypatch):
     # the test has power: a slightly different law (temperature 1.3, no top-k/top-p) is rejected
     wrong = exact_last_two_law(target, prompt, LogitsProcessorList([TemperatureLike(1.3)]))
     assert chi_square_pvalue(counts, wrong) < 1e-3
-
-
-class TemperatureLike:
-    def __init__(self, temperature):
-        self.temperature = temperature
-
-    def __call__(self, input_ids, scores):
-        return scores / self.temperature
 
 
 def test_seeded_sampling_is_reproducible():

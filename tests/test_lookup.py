@@ -152,7 +152,7 @@ def test_greedy_with_context_drafts_equals_plain_generate_and_sources_add_up():
 
 
 def test_tree_lookup_without_a_drafter_needs_lookup():
-    from conftest import make_target
+    from helpers import make_target
 
     from hf_tev import TEVConfig
 
@@ -170,8 +170,7 @@ def test_tree_lookup_without_a_drafter_needs_lookup():
 def test_sampling_law_with_context_drafts(assistant, budget, monkeypatch):
     """The last two of four sampled tokens against the target's own law, with trees where context drafts and
     drafter candidates overlap and branch (a prompt that repeats itself, vocabulary 8)."""
-    from conftest import make_target
-    from test_generation import TemperatureLike, chi_square_pvalue, exact_last_two_law, make_drafter
+    from helpers import TemperatureLike, chi_square_pvalue, exact_last_two_law, make_drafter, make_target
     from transformers import LogitsProcessorList
 
     import hf_tev

@@ -8,20 +8,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import make_target
+from helpers import Collect, make_drafter, make_target
 from transformers import GenerationMixin
-from transformers.generation.streamers import BaseStreamer
 
 import hf_tev
-from hf_tev import DFlashDraftModel, TEVConfig
+from hf_tev import TEVConfig
 
 REPO = Path(__file__).resolve().parent.parent
 PROMPT = torch.tensor([[1, 5, 9, 13, 7]])
-
-
-def make_drafter(target):
-    torch.manual_seed(1)
-    return DFlashDraftModel.from_target(target, num_layers=1, block_size=8).eval()
 
 
 def run_python(code: str) -> str:
@@ -112,17 +106,6 @@ def test_disable_with_a_foreign_wrapper_keeps_theirs_and_passes_through():
         GenerationMixin.generate = ours
         hf_tev.enable()
     assert hf_tev.is_enabled()
-
-
-class Collect(BaseStreamer):
-    def __init__(self):
-        self.tokens, self.ended = [], False
-
-    def put(self, value):
-        self.tokens += value.reshape(-1).tolist()
-
-    def end(self):
-        self.ended = True
 
 
 def test_custom_generate_callable_entry_with_streamer_and_stop_strings():
