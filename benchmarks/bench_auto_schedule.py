@@ -48,7 +48,7 @@ def main():
         kwargs = {}
         if method != "ar":
             if method == "fresh":
-                hf_tev.generation._BUDGETS.clear()  # a new budget for this call, as before
+                hf_tev.generation.forget_budgets()  # a new budget for this call, as before
             kwargs = dict(assistant_model=drafter, tev_config=config, return_dict_in_generate=True)
         start = time.perf_counter()
         out = target.generate(prompt, **settings, **kwargs)

@@ -137,21 +137,23 @@ def decoding_overhead(target, budgets, max_new_tokens: int) -> list[dict]:
 def kit_trees(device, prompts: int, max_new_tokens: int, max_budget: int):
     """The kit drafter's trees (path log-probs, nested: the first n nodes are the best tree of size n) along
     greedy decoding of a few held-out prompts, and the acceptance calibration an "auto" run learns there."""
+    from transformers import GenerationConfig
+
     from hf_tev import TEVConfig
-    from hf_tev.generation import _CALIBRATIONS, DFlashTreeCandidateGenerator
+    from hf_tev.generation import TreeCandidateGenerator, automatic_budget
     from hf_tev.kit import load_kit_model, load_kit_prompts, load_kit_tokenizer
 
     target, drafter = load_kit_model("target", device=device), load_kit_model("drafter-dflash-l135", device=device)
     tokenizer = load_kit_tokenizer()
     captured = []
-    build = DFlashTreeCandidateGenerator.build
+    build = TreeCandidateGenerator.build
 
     def capture(self, draft_logprobs, root, *args, **kwargs):  # every cycle's full tree, for its nested sizes
         if draft_logprobs is not None:
             captured.append(self.builder(draft_logprobs, max_budget, root).path_logprobs)
         return build(self, draft_logprobs, root, *args, **kwargs)
 
-    DFlashTreeCandidateGenerator.build = capture
+    TreeCandidateGenerator.build = capture
     try:
         for text in load_kit_prompts("heldout", prompts):
             ids = tokenizer(text, return_tensors="pt").input_ids.to(device)
@@ -163,9 +165,10 @@ def kit_trees(device, prompts: int, max_new_tokens: int, max_budget: int):
                 tev_config=TEVConfig(budget="auto", max_budget=max_budget),
             )
     finally:
-        DFlashTreeCandidateGenerator.build = build
-    calibration = next(iter(_CALIBRATIONS[drafter].values()))
-    return captured, calibration
+        TreeCandidateGenerator.build = build
+    config = TEVConfig(budget="auto", max_budget=max_budget)  # the calibration the calls above learnt
+    budget = automatic_budget(target, drafter, config, GenerationConfig(do_sample=False))
+    return captured, budget.calibration
 
 
 def auto_choice(trees, calibration, curve: dict, draft_s: float, max_budget: int) -> dict:

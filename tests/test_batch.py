@@ -13,11 +13,11 @@ from helpers import (
     make_drafter,
     make_target,
 )
-from transformers import LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
+from transformers import DynamicCache, LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
 
 import hf_tev
 from hf_tev import TEVConfig
-from hf_tev.generation import BatchTreeInputs, DynamicCache, commit_accepted_path
+from hf_tev.generation.cache import BatchTreeInputs, commit_accepted_path
 from hf_tev.tree import build_tree
 
 PROMPTS = [[1, 5, 9, 13, 7], [1, 40, 41, 3, 3, 17, 88, 20, 6, 31, 60, 12], [1, 7], [1, 22, 23, 24, 25, 26, 70]]
@@ -237,7 +237,7 @@ def test_batch_tree_pass_holes_and_compaction_match_each_row_alone():
 @pytest.mark.parametrize("verifier,budget", [("tev", 6), ("predraw", "auto")])
 def test_batch_sampling_law_per_row(verifier, budget, monkeypatch):
     if budget == "auto":  # as in test_generation: sizes that grow trees whatever this machine's load
-        monkeypatch.setattr(hf_tev.generation, "probe_batch_costs", lambda *args, **kwargs: ([1, 64], [1e-2, 1e-2]))
+        monkeypatch.setattr("hf_tev.generation.loop.probe_tree_costs", lambda *args, **kwargs: ([1, 64], [1e-2, 1e-2]))
         monkeypatch.setattr(hf_tev.budget.AcceptanceCalibration, "__call__", lambda self, log_q: 0.5)
     target = make_target("qwen3", vocab_size=8, hidden_size=32, num_layers=2, seed=4)
     with torch.no_grad():
@@ -302,9 +302,9 @@ def test_batch_bad_inputs_are_named(kwargs, message):
     assert not called, "refused only after a model call"
 
 
-def test_batch_of_one_is_the_single_prompt_path(monkeypatch):
+def test_a_batch_of_one_is_one_prompt():
+    # one cycle for every batch size: a one-row batch with its mask decodes as the prompt alone
     target = make_target("qwen3")
-    monkeypatch.setattr(hf_tev.generation, "_decode_batch", None)  # never called for one prompt
     out = greedy(target, torch.tensor([PROMPTS[0]]), max_new_tokens=8, assistant_model=make_drafter(target))
     assert out.tolist() == greedy(target, torch.tensor([PROMPTS[0]]), max_new_tokens=8).tolist()
 

@@ -17,12 +17,19 @@ from helpers import (
     make_target,
     with_oracle,
 )
-from transformers import LogitsProcessorList, StoppingCriteria, StoppingCriteriaList, TopKLogitsWarper, TopPLogitsWarper
+from transformers import (
+    DynamicCache,
+    LogitsProcessorList,
+    StoppingCriteria,
+    StoppingCriteriaList,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+)
 from transformers.generation import GenerateDecoderOnlyOutput
 
 import hf_tev
 from hf_tev import TEVConfig
-from hf_tev.generation import commit_accepted_path
+from hf_tev.generation.cache import commit_accepted_path
 from hf_tev.tree import build_tree, tree_attention_mask, tree_position_ids
 
 PROMPTS = [[1, 5, 9, 13, 7], [1, 40, 41, 3, 3, 17, 88, 20, 6]]
@@ -225,7 +232,7 @@ def test_left_padded_prompt_matches_plain_generate():
 def test_tree_pass_logits_equal_path_forwards_and_compaction():
     target = make_target("qwen3")
     prompt = torch.tensor([PROMPTS[1]])
-    cache = hf_tev.generation.DynamicCache(config=target.config)
+    cache = DynamicCache(config=target.config)
     with torch.no_grad():
         target(prompt, cache=cache)
         past = prompt.shape[1]
@@ -264,7 +271,7 @@ def test_sampling_law_matches_target(verifier, budget, warp, monkeypatch):
         # The sizes auto picks depend on measured times; a flat tree-pass cost (an accelerator's view) makes it
         # grow trees whatever this machine's load, so the law is tested on real trees every time. Any sizes
         # would be exact: they are fixed before the target's draws.
-        monkeypatch.setattr(hf_tev.generation, "probe_tree_costs", lambda *args, **kwargs: ([1, 64], [1e-2, 1e-2]))
+        monkeypatch.setattr("hf_tev.generation.loop.probe_tree_costs", lambda *args, **kwargs: ([1, 64], [1e-2, 1e-2]))
         # and a calibration that keeps trusting the drafter (what it learns from 400 calls would shrink the trees)
         monkeypatch.setattr(hf_tev.budget.AcceptanceCalibration, "__call__", lambda self, log_q: 0.5)
     target = make_target("qwen3", vocab_size=8, hidden_size=32, num_layers=2, seed=4)
@@ -647,7 +654,7 @@ def test_budget_bound_and_memory_warning(monkeypatch):
     # the report's case: budget 10,000 on the kit (vocabulary 4096, fp32) would take about 1 GB per cycle
     assert config.tree_memory_bytes(10_001, 4096, 10_064, 4) > 2**30 - 2**28
     target = make_target("qwen3")
-    monkeypatch.setattr(generation, "TREE_MEMORY_WARNING_BYTES", 1000)
+    monkeypatch.setattr(generation.checks, "TREE_MEMORY_WARNING_BYTES", 1000)
     with pytest.warns(UserWarning, match=r"tree of 9 nodes takes about .* GiB per cycle"):
         greedy(
             target,

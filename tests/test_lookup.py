@@ -177,7 +177,7 @@ def test_sampling_law_with_context_drafts(assistant, budget, monkeypatch):
     from hf_tev import TEVConfig
 
     # a flat probed tree cost: the automatic budget takes trees whatever this machine's load
-    monkeypatch.setattr(hf_tev.generation, "probe_tree_costs", lambda *args, **kwargs: ([1, 64], [1e-2, 1e-2]))
+    monkeypatch.setattr("hf_tev.generation.loop.probe_tree_costs", lambda *args, **kwargs: ([1, 64], [1e-2, 1e-2]))
     monkeypatch.setattr(hf_tev.budget.AcceptanceCalibration, "__call__", lambda self, log_q: 0.5)
     target = make_target("qwen3", vocab_size=8, hidden_size=32, num_layers=2, seed=4)
     with torch.no_grad():

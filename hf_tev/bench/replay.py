@@ -7,18 +7,11 @@
 from __future__ import annotations
 
 import torch
+from transformers import GenerationConfig
+from transformers.generation import MaxLengthCriteria, StoppingCriteriaList
 
 from ..config import TEVConfig
-from ..generation import (
-    DFlashTreeCandidateGenerator,
-    StageClock,
-    next_token,
-    prefill,
-    tree_forward,
-    verifier_stage,
-)
-from ..target_layers import full_length_cache
-from ..tree import TreeInputs
+from ..generation import decode_cycle, start, tree_pass_and_verify
 from ..verify import VERIFIERS
 
 
@@ -28,55 +21,40 @@ def same_tree_verifier_stage(
 ) -> dict[str, list[float]]:
     """Per-cycle verifier-stage time of each verifier on the same realised trees, measured in place.
 
-    Decodes every prompt with trees of `budget` nodes through the decoder's own stages
-    (`hf_tev.generation`: prefill, draft, build, tree forward, verifier stage, commit). In every cycle each
-    verifier gets its own target tree pass over the same tree and the same cache (the cache is cropped back
-    between them; the pass is deterministic, so the logits are the same), and its stage right after it is
-    timed: per-node logits processing + decision + cache commit, the tree forward excluded (the paper's
-    Table 3). Timing each stage right after a real tree pass keeps the allocator and caches in the state
-    decoding leaves them in (on CPU a fresh multi-MB buffer can cost more in page faults than its arithmetic).
-    `tev` (else the last verifier) goes last; its commit is kept, so the trajectory is TEV decoding.
+    Decodes every prompt by sampling with trees of `budget` nodes through the decoder's own loop
+    (`hf_tev.generation`), with one change: in every cycle each verifier gets its own target tree pass over the
+    same tree and the same cache (the cache is cropped back between them; the pass is deterministic, so the
+    logits are the same), and its stage right after it is timed: per-node logits processing + decision + cache
+    commit, the tree forward excluded (the paper's Table 3). Timing each stage right after a real tree pass
+    keeps the allocator and caches in the state decoding leaves them in (on CPU a fresh multi-MB buffer can
+    cost more in page faults than its arithmetic). `tev` (else the last verifier) goes last; its commit is
+    kept, so the trajectory is TEV decoding.
 
     Args:
         prompts (`list[torch.LongTensor]` of shape `(1, n)` each).
+        logits_processor (`LogitsProcessorList`): the sampling processors (e.g. a temperature warper).
     Returns:
         `dict[str, list[float]]`: verifier name -> seconds per cycle (one entry per cycle, all prompts).
     """
-    device = target.get_input_embeddings().weight.device
-    generator = torch.Generator(device=device).manual_seed(seed)
     driver = "tev" if "tev" in verifiers else verifiers[-1]
     order = [name for name in verifiers if name != driver] + [driver]
     times = {name: [] for name in verifiers}
-    hidden = drafter.target_hidden_indices
-    clock = StageClock(device)
-    for input_ids in prompts:
-        candidates = DFlashTreeCandidateGenerator(drafter, target, TEVConfig(budget=budget))
-        cache = full_length_cache(target)  # sliding-window layers at full length, as the decoder keeps them
-        raw, features, positions, _ = prefill(target, drafter, input_ids, cache)
-        candidates.update_candidate_strategy(features, positions)
-        root = next_token(logits_processor(input_ids, raw), True, generator)
-        sequence = torch.cat([input_ids, root[None]], dim=1)
+
+    def every_verifier(state, trees, past, first_positions):
+        for name in order:
+            state.cache.crop(past - state.cache.get_seq_length())  # undo the previous verifier's commit
+            state.verify = VERIFIERS[name]
+            verified = tree_pass_and_verify(state, trees, past, first_positions)
+            times[name].append(verified.verify_s)
+        return verified  # the driver's: its commit stays
+
+    for i, input_ids in enumerate(prompts):
         end = input_ids.shape[1] + max_new_tokens
-        tree_inputs = TreeInputs(end, target.dtype, device)
-        while sequence.shape[1] < end:
-            past = cache.get_seq_length()
-            tree = candidates.build(candidates.draft(root, past, end - sequence.shape[1] - 1), root)
-            mask, tree_positions = tree_inputs(tree, past, past)
-            for name in order:
-                cache.crop(past - cache.get_seq_length())  # undo the previous verifier's commit (none before the first)
-                out = tree_forward(target, tree, cache, mask, tree_positions, hidden)
-                logits = out.logits[0].float()  # [N, V]
-                clock.lap()
-                path, bonus, _ = verifier_stage(
-                    tree, logits, sequence[:, :-1], logits_processor, VERIFIERS[name], generator, cache, past
-                )
-                times[name].append(clock.lap())
-            # the driver's commit stays
-            accepted = path.numel()
-            candidates.update_candidate_strategy(
-                drafter.context_features(out.hidden_states)[:, path],
-                torch.arange(past, past + accepted, device=device)[None],
-            )
-            sequence = torch.cat([sequence, tree.tokens[path[1:]][None], bonus.view(1, 1)], 1)
-            root = bonus.view(1)
+        config = GenerationConfig(do_sample=True, max_length=end)
+        stopping = StoppingCriteriaList([MaxLengthCriteria(end)])
+        tev_config = TEVConfig(budget=budget, verifier=driver, seed=seed + i)
+        state = start(target, drafter, input_ids, logits_processor, stopping, config, tev_config, None, {})
+        state.tree_pass = every_verifier
+        while state.rows:
+            decode_cycle(state)
     return times

@@ -20,7 +20,7 @@ Modules, one concern each, in the order of a cycle (docs/design.md#the-decoding-
 
 from .auto import automatic_budget, forget_budgets
 from .candidates import TreeCandidateGenerator
-from .loop import decode_cycle, start, tree_speculative_decode
+from .loop import decode_cycle, start, tree_pass_and_verify, tree_speculative_decode
 from .outputs import TEVGenerateOutput
 
 __all__ = [
@@ -30,5 +30,6 @@ __all__ = [
     "decode_cycle",
     "forget_budgets",
     "start",
+    "tree_pass_and_verify",
     "tree_speculative_decode",
 ]

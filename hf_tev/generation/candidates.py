@@ -139,17 +139,11 @@ class TreeCandidateGenerator:
         block_ids = self.block_ids.repeat(len(roots), 1)  # [R, L]: [root, MASK, ...]
         block_ids[:, 0] = torch.cat(roots)
         hidden = torch.cat([self.hidden, padding], dim=1)
-        visible = None  # one prompt hides nothing: the drafter's own unmasked path
+        masked = {}  # one prompt hides nothing: the drafter's own unmasked call
         if len(roots) > 1:
-            visible = torch.cat([~hidden, torch.ones_like(block_ids, dtype=torch.bool)], dim=1)
+            masked["attention_mask"] = torch.cat([~hidden, torch.ones_like(block_ids, dtype=torch.bool)], dim=1)
         logits = self.drafter.draft_logits(
-            self.target,
-            features,
-            block_ids,
-            positions,
-            cache=self.cache,
-            num_depths=max(depths),
-            attention_mask=visible,
+            self.target, features, block_ids, positions, cache=self.cache, num_depths=max(depths), **masked
         )  # [R, max d, V]
         self.hidden = hidden
         return [torch.log_softmax(logits[i, :d].float(), dim=-1) if d > 0 else None for i, d in enumerate(depths)]

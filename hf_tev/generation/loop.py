@@ -6,8 +6,8 @@ would decode alone (docs/design.md#the-decoding-loop).
   0. prefill:  `start` - the prompts' cache, their context features and each row's first root.
   1. draft:    `TreeCandidateGenerator.get_candidates` - ONE drafter call for every row's block,
   2. build:    then each row's tree, cut to its size (`auto.TreeSizes`).
-  3. forward:  `tree_forward` - ONE target forward over every row's tree with the tree mask.
-  4. verify:   `verifier_stage` - each row's logits processors and exact verifier, one cache commit.
+  3. forward:  `tree_pass_and_verify` - ONE target forward over every row's tree with the tree mask,
+  4. verify:   then each row's logits processors and exact verifier, one cache commit.
   5. commit:   `commit_row` - tokens, stops and outputs; the row's outcome goes back to the candidate generator
                (`update_candidate_strategy`).
   6. observe:  the size stage learns from the cycle; rows that stopped leave the batch and the cache.
@@ -15,6 +15,7 @@ would decode alone (docs/design.md#the-decoding-loop).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -66,6 +67,11 @@ class Decoding:
     outputs: Outputs
     clock: StageClock
     batch: bool  # more than one prompt: rows can leave, per-cycle pass statistics are kept
+    # stages 3-4 (`tree_pass_and_verify`; the bench's same-tree replay times every verifier on the same trees)
+    tree_pass: Callable = None
+
+    def __post_init__(self):
+        self.tree_pass = self.tree_pass or tree_pass_and_verify
 
 
 def tree_speculative_decode(
@@ -194,36 +200,60 @@ def decode_cycle(state: Decoding) -> None:
     roots, first_positions = [row.root for row in rows], [row.next_position for row in rows]
     candidates = state.candidates.get_candidates(roots, first_positions, max_depths, state.sizes, clock)
     trees = candidates.trees
-    # 3. Tree pass: ONE target forward over every row's tree.
-    tokens, mask, positions = state.inputs(trees, past, first_positions)
-    out = tree_forward(state.model, tokens, cache, mask, positions, state.candidates.hidden_indices)
-    logits = out.logits.float()  # [R, N, V]
-    forward_s = clock.lap()
-    # 4. Verify: each row's processors and exact decision; the cache keeps every row's accepted path.
-    committed = [row.sequence[:, :-1] for row in rows]
-    processors = [row.processors for row in rows]
-    paths, bonuses, processed = verifier_stage(
-        trees, logits, committed, processors, state.verify, state.generator, cache, past
-    )
-    state.inputs.commit([path.numel() for path in paths])
-    verify_s = clock.lap()
+    # 3.-4. Tree pass and verify.
+    result = state.tree_pass(state, trees, past, first_positions)
+    paths, bonuses, processed = result.paths, result.bonuses, result.processed
+    forward_s, verify_s = result.forward_s, result.verify_s
     # 5. Commit each row's tokens; its outcome goes back to the candidate generator.
-    features = state.candidates.features(out.hidden_states)  # [R, N, k * H] or None
-    del out
+    features = state.candidates.features(result.hidden_states)  # [R, N, k * H] or None
+    result.hidden_states = None  # the pass's hidden states are not needed any more
+    logits, nodes = result.logits, result.nodes
     host_paths = [path.tolist() for path in paths]
     stopped = []
     for i, row in enumerate(rows):
         emitted = (processed[i], logits[i])
         stopped.append(commit_row(state, i, trees[i], paths[i], host_paths[i], bonuses[i], emitted, features))
         times = (candidates.draft_s, candidates.build_s[i], forward_s, verify_s)
-        record_cycle(state, row, trees[i], host_paths[i], processed[i], times, tokens.shape[1])
+        record_cycle(state, row, trees[i], host_paths[i], processed[i], times, nodes)
         if candidates.predicted is not None:
             row.stats.predicted_lengths.append(candidates.predicted[i])
     rest_s = clock.lap()
     # 6. Observe: the size stage learns what the trees accepted and what the pass cost; stopped rows leave.
     other_s = sum(candidates.build_s) + verify_s + rest_s
-    state.sizes.observe(trees, host_paths, tokens.shape[1] - 1, forward_s, other_s)
+    state.sizes.observe(trees, host_paths, nodes - 1, forward_s, other_s)
     leave(state, stopped)
+
+
+@dataclass
+class Verified:
+    """What stages 3-4 give the loop: each row's accepted path (host), bonus and processed scores, the pass's
+    raw logits `[R, N, V]` and hidden states, its padded node count N, and the two stage times."""
+
+    paths: list
+    bonuses: list
+    processed: list
+    logits: torch.Tensor
+    hidden_states: tuple | None
+    nodes: int
+    forward_s: float
+    verify_s: float
+
+
+def tree_pass_and_verify(state: Decoding, trees, past: int, first_positions: list[int]) -> Verified:
+    """Stages 3-4: ONE target forward over every row's tree, then each row's processors and exact decision; the
+    cache keeps every row's accepted path."""
+    tokens, mask, positions = state.inputs(trees, past, first_positions)
+    out = tree_forward(state.model, tokens, state.cache, mask, positions, state.candidates.hidden_indices)
+    logits = out.logits.float()  # [R, N, V]
+    forward_s = state.clock.lap()
+    committed = [row.sequence[:, :-1] for row in state.rows]
+    processors = [row.processors for row in state.rows]
+    paths, bonuses, processed = verifier_stage(
+        trees, logits, committed, processors, state.verify, state.generator, state.cache, past
+    )
+    state.inputs.commit([path.numel() for path in paths])
+    verify_s = state.clock.lap()
+    return Verified(paths, bonuses, processed, logits, out.hidden_states, tokens.shape[1], forward_s, verify_s)
 
 
 def commit_row(state: Decoding, i: int, tree, path, host_path: list[int], bonus, emitted, features) -> bool:
