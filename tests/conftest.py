@@ -1,8 +1,8 @@
-"""Shared fixtures: tiny random Qwen3 / Llama targets, offline Hub, deterministic torch."""
+"""Fixtures and pytest hooks only: tiny random Qwen3 / Llama targets (built by `helpers.make_target`), offline Hub,
+one torch thread. Builders live in `helpers.py`."""
 
 import pytest
 import torch
-from helpers import make_target  # noqa: F401  (re-exported until no test imports it from here)
 
 
 @pytest.fixture(autouse=True)
@@ -18,11 +18,19 @@ def pytest_configure(config):
     torch.set_num_threads(1)
 
 
+# `helpers` is imported inside the fixtures, not here: it imports transformers (and so huggingface_hub, which
+# reads HF_HOME and HF_HUB_OFFLINE once, at import) and this file is loaded before `_offline_hub` sets them.
+
+
 @pytest.fixture
 def qwen3_target():
-    return make_target("qwen3")
+    import helpers
+
+    return helpers.make_target("qwen3")
 
 
 @pytest.fixture
 def llama_target():
-    return make_target("llama")
+    import helpers
+
+    return helpers.make_target("llama")
