@@ -163,49 +163,15 @@ def build_merged_tree(
         check_draft_logprobs(draft_logprobs)
         device = draft_logprobs.device
     root = root_tensor(root_token, device if device is not None else "cpu")
-
     # 1. The lookup trie, its nodes in non-increasing lookup score (parents before children on ties).
     trie_nodes, lookup_order = _lookup_trie(continuations, stats)
-
     # 2. The drafter's ranked top-k per depth (as in `build_tree`), on the host.
-    values = ids = None
-    num_depths, k = 0, 0
-    if draft_logprobs is not None and budget > 0 and draft_logprobs.shape[0] > 0:
-        num_depths, k = draft_logprobs.shape[0], min(budget, draft_logprobs.shape[1])
-        top_values, top_ids, row_max = ranked_topk(draft_logprobs, k)
-        host = torch.cat([top_values.double(), top_ids.double(), row_max.double()[:, None]], dim=1).cpu()
-        if not (host[:, -1] <= 0).all():
-            raise ValueError("draft_logprobs must be log-probabilities (<= 0, no NaN; -inf allowed)")
-        values, ids = host[:, :k].tolist(), host[:, k : 2 * k].long().tolist()
-
-    # 3. Merge the two streams by score. Merged nodes: (parent node, token) -> node.
-    tokens, depths, parents, scores, sources, matches = [], [], [], [0.0], [BOTH], [0]
-    ancestors = [[0]]
-    node_of: dict[tuple[int, int], int] = {}
+    values, ids, k = _host_topk(draft_logprobs, budget)
+    # 3. Merge the two streams by score.
+    merged = _MergedNodes(budget, size_rule)
     merged_of_trie = {0: 0}
-    frontier = [(-values[0][0], 1, (0,), 0, 0.0)] if values is not None else []
+    frontier = [(-values[0][0], 1, (0,), 0, 0.0)] if values else []
     position = 0  # next entry of lookup_order
-
-    def add(parent: int, token: int, depth: int, score: float, source: str, match: int) -> int | None:
-        existing = node_of.get((parent, token))
-        if existing is not None:
-            if sources[existing] != source:
-                sources[existing] = BOTH
-                matches[existing] = max(matches[existing], match)
-            return existing
-        if len(tokens) >= budget or (size_rule is not None and not size_rule(len(tokens) + 1, score)):
-            return None
-        node = len(tokens) + 1
-        node_of[(parent, token)] = node
-        tokens.append(token)
-        depths.append(depth)
-        parents.append(parent)
-        scores.append(score)
-        sources.append(source)
-        matches.append(match)
-        ancestors.append(ancestors[parent] + [node])
-        return node
-
     while True:
         drafter_score = -frontier[0][0] if frontier else -math.inf
         lookup_score = trie_nodes[lookup_order[position]][0] if position < len(lookup_order) else -math.inf
@@ -214,24 +180,73 @@ def build_merged_tree(
         if drafter_score >= lookup_score:
             negative, depth, ranks, parent, parent_score = heapq.heappop(frontier)
             rank, row = ranks[-1], values[depth - 1]
-            node = add(parent, ids[depth - 1][rank], depth, -negative, DRAFTER, 0)
+            node = merged.add(parent, ids[depth - 1][rank], depth, -negative, DRAFTER, 0)
             if node is None:
                 break
             if rank + 1 < k:
                 heapq.heappush(
                     frontier, (-(parent_score + row[rank + 1]), depth, ranks[:-1] + (rank + 1,), parent, parent_score)
                 )
-            if depth < num_depths:
+            if depth < len(values):
                 score = parent_score + row[rank]
                 heapq.heappush(frontier, (-(score + values[depth][0]), depth + 1, ranks + (0,), node, score))
         else:
             trie_id = lookup_order[position]
             position += 1
             score, depth, trie_parent, token, match = trie_nodes[trie_id]
-            node = add(merged_of_trie[trie_parent], token, depth, score, LOOKUP, match)
+            node = merged.add(merged_of_trie[trie_parent], token, depth, score, LOOKUP, match)
             if node is None:
                 break
             merged_of_trie[trie_id] = node
+    return merged.tree(root)
 
-    tree = tree_from_lists(root, tokens, depths, parents, ancestors, scores)
-    return dataclasses.replace(tree, _node_info=NodeInfo(sources, [0] + depths, matches))
+
+def _host_topk(draft_logprobs: torch.Tensor | None, budget: int) -> tuple[list, list, int]:
+    """The drafter's ranked top-k log-probs and ids per depth as host lists `[D][k]`, k = min(budget, V) (empty
+    when there is nothing to draft), in one host transfer."""
+    if draft_logprobs is None or budget == 0 or draft_logprobs.shape[0] == 0:
+        return [], [], 0
+    k = min(budget, draft_logprobs.shape[1])
+    top_values, top_ids, row_max = ranked_topk(draft_logprobs, k)
+    host = torch.cat([top_values.double(), top_ids.double(), row_max.double()[:, None]], dim=1).cpu()
+    if not (host[:, -1] <= 0).all():
+        raise ValueError("draft_logprobs must be log-probabilities (<= 0, no NaN; -inf allowed)")
+    return host[:, :k].tolist(), host[:, k : 2 * k].long().tolist(), k
+
+
+class _MergedNodes:
+    """The merged tree as it grows: one node per (parent, token), with its path score, who proposed it and the
+    match length of a lookup node. A node both sources propose is kept once (source `BOTH`)."""
+
+    def __init__(self, budget: int, size_rule):
+        self.budget, self.size_rule = budget, size_rule
+        self.tokens, self.depths, self.parents = [], [], []
+        self.scores, self.sources, self.matches, self.ancestors = [0.0], [BOTH], [0], [[0]]
+        self.node_of: dict[tuple[int, int], int] = {}
+
+    def add(self, parent: int, token: int, depth: int, score: float, source: str, match: int) -> int | None:
+        """The node of `token` under `parent` (added, or found), None when the budget or the size rule stops
+        the tree."""
+        existing = self.node_of.get((parent, token))
+        if existing is not None:
+            if self.sources[existing] != source:
+                self.sources[existing] = BOTH
+                self.matches[existing] = max(self.matches[existing], match)
+            return existing
+        size = len(self.tokens)
+        if size >= self.budget or (self.size_rule is not None and not self.size_rule(size + 1, score)):
+            return None
+        node = size + 1
+        self.node_of[(parent, token)] = node
+        self.tokens.append(token)
+        self.depths.append(depth)
+        self.parents.append(parent)
+        self.scores.append(score)
+        self.sources.append(source)
+        self.matches.append(match)
+        self.ancestors.append(self.ancestors[parent] + [node])
+        return node
+
+    def tree(self, root: torch.LongTensor) -> DraftTree:
+        tree = tree_from_lists(root, self.tokens, self.depths, self.parents, self.ancestors, self.scores)
+        return dataclasses.replace(tree, _node_info=NodeInfo(self.sources, [0] + self.depths, self.matches))
