@@ -266,3 +266,116 @@ def write_checkpoint(folder, config: dict, weights: dict):
 
 
 # --- training rows, arguments and CLI runs (training tests) ---
+
+import os  # noqa: E402  (each section keeps its imports with it)
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+from hf_tev.kit import kit_dir  # noqa: E402
+
+TRAINING_BLOCK_SIZE = 4  # the training tests' drafters draft depths 1..3
+REPO_ROOT = Path(__file__).resolve().parent.parent
+KIT = kit_dir()
+KIT_PROMPTS = KIT / "prompts" / "train.json"
+KIT_ROWS = KIT / "data" / "train_generated.jsonl"
+# `hf-tev train` flags of a few steps of a tiny drafter: small blocks, trees and decodes.
+SMALL_RUN = dict(
+    block_size=4,
+    tree_budget=4,
+    anchors_per_sequence=4,
+    per_device_train_batch_size=2,
+    max_steps=2,
+    eval_tau_prompts=2,
+    eval_tau_max_new_tokens=8,
+    report_to="none",
+    save_strategy="no",
+    disable_tqdm="true",
+    threads=1,
+    seed=0,
+)
+
+
+def training_rows(n=8, length=16, prompt_length=3, seed=1) -> list[dict]:
+    """`n` rows of `length` random token ids (3..95), the first `prompt_length` of them prompt."""
+    generator = torch.Generator().manual_seed(seed)
+    return [
+        {"input_ids": torch.randint(3, 96, (length,), generator=generator).tolist(), "prompt_length": prompt_length}
+        for _ in range(n)
+    ]
+
+
+def training_args(tmp_path, **overrides):
+    """`ExitTrainingArguments` of a short CPU run into `tmp_path / "out"` (2 steps of 2 rows, small trees, a log
+    every step, no checkpoints), with `overrides`."""
+    from hf_tev.training import ExitTrainingArguments
+
+    settings = dict(
+        output_dir=str(tmp_path / "out"),
+        use_cpu=True,
+        report_to=[],
+        disable_tqdm=True,
+        save_strategy="no",
+        logging_steps=1,
+        per_device_train_batch_size=2,
+        tree_budget=6,
+        anchors_per_sequence=3,
+        max_steps=2,
+        seed=0,
+    )
+    settings.update(overrides)
+    return ExitTrainingArguments(**settings)
+
+
+def training_drafter(target, seed: int = 0):
+    """The training tests' drafter for `target`: one layer, blocks of `TRAINING_BLOCK_SIZE`."""
+    return make_drafter(target, block_size=TRAINING_BLOCK_SIZE, seed=seed)
+
+
+def logged(trainer, key: str = "loss", after_step: int = 0) -> list:
+    """The values of `key` in the trainer's log history, from the steps after `after_step`."""
+    return [entry[key] for entry in trainer.state.log_history if key in entry and entry["step"] > after_step]
+
+
+def small_run_flags(**changes) -> list[str]:
+    """The `SMALL_RUN` flags with `changes` (None drops a flag), and --use_cpu."""
+    settings = {**SMALL_RUN, **changes}
+    return ["--use_cpu"] + [text for k, v in settings.items() if v is not None for text in (f"--{k}", str(v))]
+
+
+def run_command(command, tmp_path, timeout=300):
+    """Run `command` from the repository root, offline, with its own HF_HOME; it must succeed."""
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "HF_HOME": str(tmp_path / "hf_home"),
+        "HF_HUB_OFFLINE": "1",
+        "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]),
+    }
+    result = subprocess.run(command, env=env, cwd=REPO_ROOT, capture_output=True, text=True, timeout=timeout)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return result
+
+
+def train_summary(result) -> dict:
+    """The summary `hf-tev train` prints after saving (steps, rows, eval tau, FLOPs)."""
+    line = next(line for line in result.stdout.splitlines() if line.startswith("hf-tev train: saved"))
+    return json.loads(line.split(": ", 2)[-1])
+
+
+def run_two_processes(script: str, tmp_path) -> tuple[list[dict], Path]:
+    """Run the Python `script` in 2 CPU processes (`torch.distributed.run`; tests/ importable). It gets an output
+    folder as its argument and writes `rank{r}.json` into it; returns both ranks' JSON and the folder."""
+    path, out = tmp_path / "two_processes.py", tmp_path / "out"
+    path.write_text(script)
+    out.mkdir()
+    tests = REPO_ROOT / "tests"
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), str(tests), os.environ.get("PYTHONPATH", "")]),
+    }
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(path)]
+    result = subprocess.run([*command, str(out)], env=env, capture_output=True, text=True, timeout=240)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return [json.loads((out / f"rank{rank}.json").read_text()) for rank in (0, 1)], out

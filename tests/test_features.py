@@ -6,16 +6,14 @@ import json
 import numpy as np
 import pytest
 import torch
-from conftest import make_target
+from helpers import make_drafter, make_target, training_args
 
 import hf_tev.training.features as features_module
-from hf_tev.modeling_dflash import DFlashDraftModel
 from hf_tev.training import (
     CONTEXT_FEATURES,
     CachedFeatureDataset,
     ExitDataCollator,
     ExitTrainer,
-    ExitTrainingArguments,
     FeatureCache,
     compute_context_features,
 )
@@ -28,9 +26,9 @@ def target():
     return make_target("qwen3")
 
 
-def make_drafter(target, seed=0):
-    torch.manual_seed(seed)
-    return DFlashDraftModel.from_target(target, num_layers=1, block_size=4, target_layer_ids=LAYERS)
+def layers_drafter(target):
+    """A drafter that reads target layers `LAYERS`."""
+    return make_drafter(target, block_size=4, seed=0, target_layer_ids=LAYERS)
 
 
 def make_rows(n=6, seed=1):
@@ -48,7 +46,7 @@ def single_row_features(target, drafter, ids):
 
 
 def test_padded_batch_features_equal_single_row_forwards(target):
-    drafter = make_drafter(target)
+    drafter = layers_drafter(target)
     rows = make_rows()
     batched = compute_context_features(target, LAYERS, [row["input_ids"] for row in rows])
     for row, features in zip(rows, batched, strict=True):
@@ -59,7 +57,7 @@ def test_padded_batch_features_equal_single_row_forwards(target):
 
 
 def test_cache_is_incremental_and_survives_reopening(target, tmp_path, monkeypatch):
-    drafter = make_drafter(target)
+    drafter = layers_drafter(target)
     rows = make_rows(n=8)
     computed = []
     real = features_module.compute_context_features
@@ -133,7 +131,7 @@ def test_cache_refuses_another_target_layers_or_dtype(target, tmp_path):
 
 
 def test_max_length_and_bfloat16_storage(target, tmp_path):
-    drafter = make_drafter(target)
+    drafter = layers_drafter(target)
     rows = make_rows(n=3)
     cache = FeatureCache(tmp_path / "cache", target, drafter, dtype=torch.bfloat16, max_length=7)
     cache.update(rows, show_progress=False)
@@ -165,20 +163,8 @@ def test_collator_pads_features_and_refuses_mixed_rows():
 
 
 def make_args(tmp_path, **overrides):
-    settings = dict(
-        output_dir=str(tmp_path / "out"),
-        use_cpu=True,
-        report_to=[],
-        disable_tqdm=True,
-        save_strategy="no",
-        logging_steps=1,
-        per_device_train_batch_size=3,
-        anchors_per_sequence=4,
-        objective="dflash",
-        max_steps=2,
-        seed=0,
-    )
-    return ExitTrainingArguments(**(settings | overrides))
+    cached_run = dict(per_device_train_batch_size=3, anchors_per_sequence=4, objective="dflash")
+    return training_args(tmp_path, **(cached_run | overrides))
 
 
 @pytest.mark.parametrize("dtype, tolerance", [(torch.float16, 2e-3), (torch.float32, 1e-5)])
@@ -186,8 +172,8 @@ def test_step_on_cached_features_equals_step_with_the_target(dtype, tolerance, t
     rows = make_rows(n=3)
     cache = FeatureCache(tmp_path / "cache", target, LAYERS, dtype=dtype)
     cache.update(rows, show_progress=False)
-    plain = ExitTrainer(model=make_drafter(target), target_model=target, args=make_args(tmp_path / "a"))
-    cached = ExitTrainer(model=make_drafter(target), target_model=target, args=make_args(tmp_path / "b"))
+    plain = ExitTrainer(model=layers_drafter(target), target_model=target, args=make_args(tmp_path / "a"))
+    cached = ExitTrainer(model=layers_drafter(target), target_model=target, args=make_args(tmp_path / "b"))
     loss = plain.compute_loss(plain.model, ExitDataCollator()(rows))
     batch = ExitDataCollator()(CachedFeatureDataset(rows, cache))
     assert batch[CONTEXT_FEATURES].dtype == dtype
@@ -200,7 +186,7 @@ def test_training_on_a_cached_dataset(target, tmp_path):
     rows = make_rows(n=6)
     cache = FeatureCache(tmp_path / "cache", target, LAYERS)
     cache.update(rows, show_progress=False)
-    drafter = make_drafter(target)
+    drafter = layers_drafter(target)
     before = {name: p.clone() for name, p in drafter.state_dict().items()}
     trainer = ExitTrainer(
         model=drafter,
@@ -213,7 +199,7 @@ def test_training_on_a_cached_dataset(target, tmp_path):
     assert not torch.equal(drafter.state_dict()["fc.weight"], before["fc.weight"])
     # The tree objectives run the target (its K/V score the trees) and still train on a cached dataset.
     tree_trainer = ExitTrainer(
-        model=make_drafter(target),
+        model=layers_drafter(target),
         target_model=target,
         args=make_args(tmp_path / "tree", objective="exit", tree_budget=4, max_steps=1),
         train_dataset=CachedFeatureDataset(rows, cache),
@@ -224,7 +210,7 @@ def test_training_on_a_cached_dataset(target, tmp_path):
     other = FeatureCache(tmp_path / "other", target, [1])
     with pytest.raises(ValueError, match="target layers"):
         ExitTrainer(
-            model=make_drafter(target),
+            model=layers_drafter(target),
             target_model=target,
             args=make_args(tmp_path / "c"),
             train_dataset=CachedFeatureDataset(rows, other),

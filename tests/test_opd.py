@@ -2,20 +2,26 @@
 teachers against direct target forwards, the loss, training (loss down, rollouts refreshed at the knob's interval,
 their tau logged), save / reload / resume, the model card, `hf-tev train --objective opd`, bad knobs."""
 
-import json
-import os
-import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
-from conftest import make_target
-from test_train_cli import ROWS, kit_path, run, small, summary
-from test_training import make_args as training_args
-from test_training import make_rows as training_rows
+from helpers import (
+    KIT_ROWS,
+    TRAINING_BLOCK_SIZE,
+    logged,
+    make_target,
+    run_command,
+    run_two_processes,
+    small_run_flags,
+    train_summary,
+    training_args,
+    training_drafter,
+    training_rows,
+)
 
-import hf_tev.training.trainer as trainer_module
+import hf_tev.training.opd_rollouts as opd_rollouts
+from hf_tev.kit import kit_path
 from hf_tev.modeling_dflash import DFlashDraftModel
 from hf_tev.training import ExitTrainer
 from hf_tev.training.opd import (
@@ -28,30 +34,19 @@ from hf_tev.training.opd import (
     rollout_from_lengths,
 )
 
-BLOCK_SIZE = 4  # depths 1..3
-
 
 @pytest.fixture(scope="module")
 def target():
     return make_target("qwen3")
 
 
-def make_drafter(target, seed=0):
-    torch.manual_seed(seed)
-    return DFlashDraftModel.from_target(target, num_layers=1, block_size=BLOCK_SIZE)
-
-
-def make_rows():
+def opd_rows():
     return training_rows(n=4, length=12)
 
 
-def make_args(tmp_path, **overrides):
+def opd_args(tmp_path, **overrides):
     opd = dict(objective="opd", tree_budget=4, anchors_per_sequence=4, opd_rollout_max_new_tokens=10)
     return training_args(tmp_path, **{**opd, **overrides})
-
-
-def logged(trainer, key, after_step=0):
-    return [entry[key] for entry in trainer.state.log_history if key in entry and entry["step"] > after_step]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -73,7 +68,7 @@ def test_cycles_follow_the_block_lengths():
 
 
 def test_rollouts_are_the_targets_own_greedy_output(target):
-    drafter = make_drafter(target).train()  # decoded in eval mode, then given back in training mode
+    drafter = training_drafter(target).train()  # decoded in eval mode, then given back in training mode
     prompts = [[5, 17, 33], [7, 8]]
     rollouts = collect_rollouts(target, drafter, prompts, 4, 0.0, 12, seeds=[0, 1], pad_token_id=0)
     for prompt, rollout in zip(prompts, rollouts, strict=True):
@@ -89,14 +84,14 @@ def test_replay_teachers_are_the_targets_distributions_at_the_replayed_positions
     # Sampled rollouts of an untrained drafter: most cycles reject early, some accept. Every teacher row must be
     # the target's next-token distribution after x[:a] + the replayed chain up to that depth, where the chain is
     # the committed tokens up to the accepted depth and the drafter's own proposals after it.
-    drafter = make_drafter(target)
+    drafter = training_drafter(target)
     rollouts = collect_rollouts(target, drafter, [[5, 17, 33], [9, 4]], 6, 1.0, 12, seeds=[3, 4], pad_token_id=0)
     assert any(any(rollout.rejected) for rollout in rollouts)
     input_ids, lengths, anchors, valid, accepted, rejected = rollout_batch(
         rollouts, 32, torch.Generator().manual_seed(0), pad_token_id=0
     )
     B, A = anchors.shape
-    D = BLOCK_SIZE - 1
+    D = TRAINING_BLOCK_SIZE - 1
     draft_logits = torch.randn(B, A, D, 96, generator=torch.Generator().manual_seed(1))
     chains = replay_chains(input_ids, anchors, accepted, lengths, draft_logits)
     with torch.no_grad():
@@ -137,7 +132,7 @@ def test_opd_loss_streams_by_hand():
 
 def test_loss_goes_down_on_fixed_rollouts_and_tau_is_logged(target, tmp_path):
     # One refresh for the whole run (the same two rollouts at every step), every cycle replayed, OPD alone.
-    args = make_args(
+    args = opd_args(
         tmp_path,
         max_steps=8,
         opd_refresh_steps=100,
@@ -147,12 +142,12 @@ def test_loss_goes_down_on_fixed_rollouts_and_tau_is_logged(target, tmp_path):
         learning_rate=5e-3,
         lr_scheduler_type="constant",
     )
-    trainer = ExitTrainer(model=make_drafter(target), target_model=target, args=args, train_dataset=make_rows())
+    trainer = ExitTrainer(model=training_drafter(target), target_model=target, args=args, train_dataset=opd_rows())
     trainer.train()
     history = logged(trainer, "loss_opd")
     assert len(history) == 8 and history[-1] < 0.8 * history[0], history
     assert logged(trainer, "loss") == pytest.approx(history, rel=1e-5)  # ce_weight 0: the OPD loss alone
-    lengths = [length for r in trainer._opd_rollouts for length in r.block_lengths]
+    lengths = [length for r in trainer.rollout_pool.rollouts for length in r.block_lengths]
     assert logged(trainer, "opd_rollout_tau") == pytest.approx([sum(lengths) / len(lengths)] * 8)
     assert not logged(trainer, "loss_dflash")
 
@@ -164,9 +159,9 @@ def test_rollouts_are_refreshed_at_the_knobs_interval_with_the_current_drafter(t
         calls.append((trainer.state.global_step, drafter.fc.weight.detach().clone(), len(prompts), kwargs))
         return collect_rollouts(target_model, drafter, prompts, **kwargs)
 
-    monkeypatch.setattr(trainer_module, "collect_rollouts", recording)
-    args = make_args(tmp_path, max_steps=5, opd_refresh_steps=2, learning_rate=1e-2, opd_rollout_temperature=0.0)
-    trainer = ExitTrainer(model=make_drafter(target), target_model=target, args=args, train_dataset=make_rows())
+    monkeypatch.setattr(opd_rollouts, "collect_rollouts", recording)
+    args = opd_args(tmp_path, max_steps=5, opd_refresh_steps=2, learning_rate=1e-2, opd_rollout_temperature=0.0)
+    trainer = ExitTrainer(model=training_drafter(target), target_model=target, args=args, train_dataset=opd_rows())
     trainer.train()
     assert [step for step, *_ in calls] == [0, 2, 4]
     assert all(count == 2 * 2 for _, _, count, _ in calls)  # batch 2 x refresh 2: each rollout trained on once
@@ -180,19 +175,22 @@ def test_rollouts_are_refreshed_at_the_knobs_interval_with_the_current_drafter(t
 
 
 def test_save_reload_and_resume_give_the_same_next_losses(target, tmp_path):
-    rows = make_rows()
+    rows = opd_rows()
     # Refresh every 3 steps, checkpoint at 2: the resumed run trains step 3 on the saved rollouts, then rolls out.
     common = dict(max_steps=4, save_strategy="steps", save_steps=2, opd_refresh_steps=3)
     straight = ExitTrainer(
-        model=make_drafter(target), target_model=target, args=make_args(tmp_path / "a", **common), train_dataset=rows
+        model=training_drafter(target),
+        target_model=target,
+        args=opd_args(tmp_path / "a", **common),
+        train_dataset=rows,
     )
     straight.train()
     checkpoint = tmp_path / "a" / "out" / "checkpoint-2"
     assert (checkpoint / "opd_rollouts_0.json").is_file()
     resumed = ExitTrainer(
-        model=make_drafter(target, seed=123),
+        model=training_drafter(target, seed=123),
         target_model=target,
-        args=make_args(tmp_path / "b", **common),
+        args=opd_args(tmp_path / "b", **common),
         train_dataset=rows,
     )
     resumed.train(resume_from_checkpoint=str(checkpoint))
@@ -220,25 +218,25 @@ def test_bad_opd_knobs_are_refused(tmp_path):
         dict(ce_weight=0.0, opd_weight=0.0),
     ):
         with pytest.raises(ValueError, match="opd|loss"):
-            make_args(tmp_path, **bad)
+            opd_args(tmp_path, **bad)
 
 
 def test_hf_tev_train_objective_opd(tmp_path):
     out = tmp_path / "drafter"
     command = [sys.executable, "-m", "hf_tev.train", "--target", str(kit_path("target"))]
-    command += ["--drafter", str(kit_path("drafter-dflash")), "--train_data", str(ROWS), "--max_train_rows", "4"]
+    command += ["--drafter", str(kit_path("drafter-dflash")), "--train_data", str(KIT_ROWS), "--max_train_rows", "4"]
     command += ["--objective", "opd", "--opd_refresh_steps", "1", "--opd_rollout_max_new_tokens", "8"]
     command += ["--output_dir", str(out), "--logging_steps", "1"]
-    command += small(block_size=None, eval_tau_prompts=0)
-    result = run(command, tmp_path)
-    assert summary(result)["steps"] == 2
+    command += small_run_flags(block_size=None, eval_tau_prompts=0)
+    result = run_command(command, tmp_path)
+    assert train_summary(result)["steps"] == 2
     assert "opd_rollout_tau" in result.stdout and "loss_opd" in result.stdout  # the logged metrics
     assert "Draft-OPD" in (out / "README.md").read_text()
 
 
 DDP_SCRIPT = """
 import json, sys, torch
-from conftest import make_target
+from helpers import make_target
 from hf_tev.modeling_dflash import DFlashDraftModel
 from hf_tev.training import ExitTrainer, ExitTrainingArguments
 
@@ -258,25 +256,13 @@ trainer.train()
 checksum = sum(p.double().sum().item() for p in drafter.parameters())
 with open(f"{out}/rank{args.process_index}.json", "w") as f:
     json.dump({"wrapped": type(trainer.model_wrapped).__name__, "checksum": checksum,
-               "prompts": [r.input_ids[: r.prompt_length] for r in trainer._opd_rollouts],
+               "prompts": [r.input_ids[: r.prompt_length] for r in trainer.rollout_pool.rollouts],
                "tau": [e["opd_rollout_tau"] for e in trainer.state.log_history if "opd_rollout_tau" in e]}, f)
 """
 
 
 def test_two_process_ddp_rollouts_differ_and_replicas_stay_in_sync(tmp_path):
-    script, out = tmp_path / "ddp_opd.py", tmp_path / "out"
-    script.write_text(DDP_SCRIPT)
-    out.mkdir()
-    tests = Path(__file__).resolve().parent
-    env = {
-        **os.environ,
-        "OMP_NUM_THREADS": "1",
-        "PYTHONPATH": os.pathsep.join([str(tests.parent), str(tests), os.environ.get("PYTHONPATH", "")]),
-    }
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(script)]
-    result = subprocess.run([*command, str(out)], env=env, capture_output=True, text=True, timeout=240)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
+    ranks, _ = run_two_processes(DDP_SCRIPT, tmp_path)
     assert all(r["wrapped"] == "DistributedDataParallel" for r in ranks)
     assert ranks[0]["checksum"] == pytest.approx(ranks[1]["checksum"], rel=1e-6)  # replicas stayed in sync
     assert ranks[0]["prompts"] != ranks[1]["prompts"]  # each process rolled out its own prompts

@@ -4,63 +4,17 @@ and the kit's `train_drafter.py` as a thin call of it that keeps the recorded re
 
 import importlib.util
 import json
-import os
-import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
+from helpers import KIT, KIT_PROMPTS, KIT_ROWS, run_command, small_run_flags, train_summary
 from huggingface_hub import ModelCard
 from safetensors.torch import load_file
 
-from hf_tev.kit import kit_dir, kit_path
+from hf_tev.kit import kit_path
 from hf_tev.modeling_dflash import DFlashDraftModel
 from hf_tev.training import cli
-
-REPO_ROOT = Path(__file__).resolve().parent.parent
-KIT = kit_dir()
-PROMPTS = KIT / "prompts" / "train.json"
-ROWS = KIT / "data" / "train_generated.jsonl"
-# A few steps of a tiny drafter: small blocks, trees and decodes.
-SMALL = dict(
-    block_size=4,
-    tree_budget=4,
-    anchors_per_sequence=4,
-    per_device_train_batch_size=2,
-    max_steps=2,
-    eval_tau_prompts=2,
-    eval_tau_max_new_tokens=8,
-    report_to="none",
-    save_strategy="no",
-    disable_tqdm="true",
-    threads=1,
-    seed=0,
-)
-
-
-def small(**changes) -> list[str]:
-    """The SMALL flags with `changes` (None drops a flag), and --use_cpu."""
-    settings = {**SMALL, **changes}
-    return ["--use_cpu"] + [text for k, v in settings.items() if v is not None for text in (f"--{k}", str(v))]
-
-
-def run(command, tmp_path, timeout=300):
-    env = {
-        **os.environ,
-        "OMP_NUM_THREADS": "1",
-        "HF_HOME": str(tmp_path / "hf_home"),
-        "HF_HUB_OFFLINE": "1",
-        "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]),
-    }
-    result = subprocess.run(command, env=env, cwd=REPO_ROOT, capture_output=True, text=True, timeout=timeout)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    return result
-
-
-def summary(result) -> dict:
-    line = next(line for line in result.stdout.splitlines() if line.startswith("hf-tev train: saved"))
-    return json.loads(line.split(": ", 2)[-1])
 
 
 def test_hf_tev_train_from_prompts_with_a_yaml_config(tmp_path):
@@ -68,7 +22,7 @@ def test_hf_tev_train_from_prompts_with_a_yaml_config(tmp_path):
     config = tmp_path / "recipe.yaml"
     config.write_text(
         f"target: {kit_path('target')}\n"
-        f"prompts: {PROMPTS}\n"
+        f"prompts: {KIT_PROMPTS}\n"
         "max_prompts: 6\n"
         "eval_size: 2\n"
         "max_new_tokens: 12\n"
@@ -78,8 +32,8 @@ def test_hf_tev_train_from_prompts_with_a_yaml_config(tmp_path):
         f"output_dir: {out}\n"
         "max_steps: 50\n"  # the flag below overrides it
     )
-    result = run([sys.executable, "-m", "hf_tev", "train", str(config), *small()], tmp_path)
-    report = summary(result)
+    result = run_command([sys.executable, "-m", "hf_tev", "train", str(config), *small_run_flags()], tmp_path)
+    report = train_summary(result)
     assert report["steps"] == 2 and report["train_rows"] == 4 and report["total_flos"] > 0
     assert report["eval_tau"] >= 1.0 and report["eval_tau_cycles"] > 0
 
@@ -88,7 +42,7 @@ def test_hf_tev_train_from_prompts_with_a_yaml_config(tmp_path):
     held_out = [json.loads(line) for line in (out / "_data" / "eval.jsonl").read_text().splitlines()]
     assert len(rows) == 4 and len(held_out) == 2
     settings = json.loads((out / "_data" / "train.settings.json").read_text())
-    assert settings["max_new_tokens"] == 12 and settings["metadata"]["prompts"].startswith(str(PROMPTS))
+    assert settings["max_new_tokens"] == 12 and settings["metadata"]["prompts"].startswith(str(KIT_PROMPTS))
     assert all(0 < len(row["input_ids"]) - row["prompt_length"] <= 12 for row in rows)
 
     drafter = DFlashDraftModel.from_pretrained(out)
@@ -106,10 +60,10 @@ def test_python_m_hf_tev_train_from_rows_with_a_feature_cache(tmp_path):
     out, cache = tmp_path / "drafter", tmp_path / "cache"
     init = kit_path("drafter-dflash")
     command = [sys.executable, "-m", "hf_tev.train", "--target", str(kit_path("target")), "--drafter", str(init)]
-    command += ["--train_data", str(ROWS), "--max_train_rows", "6", "--eval_size", "2", "--objective", "dflash"]
+    command += ["--train_data", str(KIT_ROWS), "--max_train_rows", "6", "--eval_size", "2", "--objective", "dflash"]
     command += ["--feature_cache", str(cache), "--output_dir", str(out), "--learning_rate", "1e-2"]
-    command += small(block_size=None)
-    report = summary(run(command, tmp_path))
+    command += small_run_flags(block_size=None)
+    report = train_summary(run_command(command, tmp_path))
     assert report["steps"] == 2 and report["train_rows"] == 4 and report["eval_tau"] >= 1.0
     assert len(json.loads((cache / "index.json").read_text())["rows"]) == 6  # train and eval rows
     before, after = load_file(init / "model.safetensors"), load_file(out / "model.safetensors")
@@ -121,11 +75,11 @@ def test_python_m_hf_tev_train_from_rows_with_a_feature_cache(tmp_path):
 def test_torchrun_two_processes_generate_once_and_train(tmp_path):
     out = tmp_path / "drafter"
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
-    command += ["-m", "hf_tev.train", "--target", str(kit_path("target")), "--prompts", str(PROMPTS)]
+    command += ["-m", "hf_tev.train", "--target", str(kit_path("target")), "--prompts", str(KIT_PROMPTS)]
     command += ["--max_prompts", "5", "--eval_size", "1", "--max_new_tokens", "8", "--output_dir", str(out)]
-    command += ["--ddp_backend", "gloo", *small(per_device_train_batch_size=1)]
-    result = run(command, tmp_path)
-    report = summary(result)
+    command += ["--ddp_backend", "gloo", *small_run_flags(per_device_train_batch_size=1)]
+    result = run_command(command, tmp_path)
+    report = train_summary(result)
     assert report["steps"] == 2 and report["eval_tau_cycles"] > 0  # one eval prompt: one process decodes it
     assert result.stdout.count("hf-tev train: saved") == 1  # the main process reports
     rows = (out / "_data" / "train.jsonl").read_text().splitlines()
@@ -169,11 +123,11 @@ def test_reading_prompts_and_rows(tmp_path):
     assert cli.read_prompts(str(tmp_path / "p.jsonl")) == ["a?", "b?"]
     (tmp_path / "p.txt").write_text("first\n\nsecond\n")
     assert cli.read_prompts(str(tmp_path / "p.txt"), limit=1) == ["first"]
-    assert cli.read_prompts(str(PROMPTS), limit=2) == [p["prompt"] for p in json.loads(PROMPTS.read_text())[:2]]
+    assert cli.read_prompts(str(KIT_PROMPTS), limit=2) == [p["prompt"] for p in json.loads(KIT_PROMPTS.read_text())[:2]]
     (tmp_path / "bad.json").write_text('[{"body": "x"}]')
     with pytest.raises(ValueError, match="entry 0 has no prompt column among prompt, text"):
         cli.read_prompts(str(tmp_path / "bad.json"))
-    assert len(cli.read_rows([str(ROWS), str(ROWS)], limit=5)) == 5
+    assert len(cli.read_rows([str(KIT_ROWS), str(KIT_ROWS)], limit=5)) == 5
     pytest.importorskip("datasets")
     folder = tmp_path / "dataset"  # a `datasets` name or folder, its split and text column
     folder.mkdir()
@@ -186,7 +140,7 @@ def test_push_offline_fails_before_anything_is_loaded_or_written(tmp_path, monke
 
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     out = tmp_path / "drafter"
-    flags = ["--target", str(kit_path("target")), "--prompts", str(PROMPTS), "--output_dir", str(out)]
+    flags = ["--target", str(kit_path("target")), "--prompts", str(KIT_PROMPTS), "--output_dir", str(out)]
     with pytest.raises(Exception, match="(?i)offline"):
         cli.main([*flags, "--push_to_hub", "--hub_model_id", "me/drafter", "--use_cpu", "--report_to", "none"])
     assert not out.exists()

@@ -3,21 +3,26 @@ evaluation (deterministic, the decoded tau), FLOPs, saving, the Hub upload (reco
 on CPU, bad input (bad rows: tests/test_training_data.py)."""
 
 import json
-import os
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import make_target
+from helpers import (
+    TRAINING_BLOCK_SIZE,
+    logged,
+    make_target,
+    run_two_processes,
+    training_args,
+    training_drafter,
+    training_rows,
+)
 from huggingface_hub import ModelCard
 from safetensors import safe_open
 
 import hf_tev
+import hf_tev.training.eval_tau as eval_tau
 import hf_tev.training.hub as hub
-import hf_tev.training.trainer as trainer_module
+import hf_tev.training.row_loss as row_loss
 from hf_tev.exit_loss import exittrain_loss
 from hf_tev.modeling_dflash import DFlashDraftModel
 from hf_tev.training import (
@@ -29,38 +34,9 @@ from hf_tev.training import (
     sample_anchors,
     tree_batch_inputs,
 )
+from hf_tev.training.forwards import draft_blocks
+from hf_tev.training.metrics import StepSize
 from hf_tev.tree import build_tree
-
-REPO_ROOT = Path(__file__).resolve().parent.parent
-
-
-BLOCK_SIZE = 4
-
-
-def make_rows(n=8, length=16, prompt_length=3, seed=1):
-    generator = torch.Generator().manual_seed(seed)
-    return [
-        {"input_ids": torch.randint(3, 96, (length,), generator=generator).tolist(), "prompt_length": prompt_length}
-        for _ in range(n)
-    ]
-
-
-def make_args(tmp_path, **overrides):
-    settings = dict(
-        output_dir=str(tmp_path / "out"),
-        use_cpu=True,
-        report_to=[],
-        disable_tqdm=True,
-        save_strategy="no",
-        logging_steps=1,
-        per_device_train_batch_size=2,
-        tree_budget=6,
-        anchors_per_sequence=3,
-        max_steps=2,
-        seed=0,
-    )
-    settings.update(overrides)
-    return ExitTrainingArguments(**settings)
 
 
 @pytest.fixture
@@ -68,27 +44,17 @@ def target():
     return make_target("qwen3")
 
 
-def make_drafter(target, seed=0):
-    torch.manual_seed(seed)
-    return DFlashDraftModel.from_target(target, num_layers=1, block_size=BLOCK_SIZE)
-
-
-def losses(trainer, key="loss", after_step=0):
-    return [entry[key] for entry in trainer.state.log_history if key in entry and entry["step"] > after_step]
-
-
 # ---------------------------------------------------------------------------------------------
 # The batched forwards equal plain ones
 
 
-def test_shared_block_forward_equals_one_draft_per_anchor(target, tmp_path):
-    drafter = make_drafter(target)
-    trainer = ExitTrainer(model=drafter, target_model=target, args=make_args(tmp_path))
+def test_shared_block_forward_equals_one_draft_per_anchor(target):
+    drafter = training_drafter(target)
     input_ids = torch.randint(3, 96, (2, 14), generator=torch.Generator().manual_seed(3))
     anchors = torch.tensor([[2, 5, 11], [0, 7, 9]])
     with torch.no_grad():
         hidden = target(input_ids, output_hidden_states=True).hidden_states
-        shared = trainer._draft_blocks(drafter, drafter, input_ids, drafter.context_features(hidden), anchors)
+        shared = draft_blocks(drafter, drafter, target, input_ids, drafter.context_features(hidden), anchors)
         for b in range(2):
             for slot, a in enumerate(anchors[b].tolist()):
                 # Inference: context = target features of x[0:a], block [x_a, MASK...] at positions a..a+L-1.
@@ -97,9 +63,9 @@ def test_shared_block_forward_equals_one_draft_per_anchor(target, tmp_path):
                     if a > 0
                     else torch.zeros(1, 0, 64 * len(drafter.config.target_layer_ids))
                 )
-                block = torch.full((1, BLOCK_SIZE), drafter.config.mask_token_id)
+                block = torch.full((1, TRAINING_BLOCK_SIZE), drafter.config.mask_token_id)
                 block[0, 0] = input_ids[b, a]
-                positions = torch.arange(a + BLOCK_SIZE)[None]
+                positions = torch.arange(a + TRAINING_BLOCK_SIZE)[None]
                 alone = drafter.draft_logits(target, context, block, positions)  # [1, D, V]
                 torch.testing.assert_close(shared[b, slot], alone[0], rtol=1e-4, atol=1e-4)
 
@@ -160,11 +126,14 @@ def test_anchors_are_distinct_supervised_block_starts():
 
 
 def test_step_trains_the_drafter_only_and_logs_the_parts(target, tmp_path):
-    drafter = make_drafter(target)
+    drafter = training_drafter(target)
     target_before = {name: p.clone() for name, p in target.state_dict().items()}
     drafter_before = {name: p.clone() for name, p in drafter.state_dict().items()}
     trainer = ExitTrainer(
-        model=drafter, target_model=target, args=make_args(tmp_path, learning_rate=1e-2), train_dataset=make_rows()
+        model=drafter,
+        target_model=target,
+        args=training_args(tmp_path, learning_rate=1e-2),
+        train_dataset=training_rows(),
     )
     trainer.train()
     assert all(torch.equal(p, target_before[name]) for name, p in target.state_dict().items())
@@ -183,8 +152,8 @@ def test_step_trains_the_drafter_only_and_logs_the_parts(target, tmp_path):
 @pytest.mark.parametrize("objective", ["exit", "prefix", "dflash"])
 def test_loss_goes_down_on_a_fixed_batch(objective, target, tmp_path):
     # Anchors cover every candidate position, so each step sees exactly the same blocks.
-    rows = make_rows(n=2, length=8, prompt_length=2)
-    args = make_args(
+    rows = training_rows(n=2, length=8, prompt_length=2)
+    args = training_args(
         tmp_path,
         objective=objective,
         anchors_per_sequence=8,
@@ -192,15 +161,15 @@ def test_loss_goes_down_on_a_fixed_batch(objective, target, tmp_path):
         learning_rate=5e-3,
         lr_scheduler_type="constant",
     )
-    trainer = ExitTrainer(model=make_drafter(target), target_model=target, args=args, train_dataset=rows)
+    trainer = ExitTrainer(model=training_drafter(target), target_model=target, args=args, train_dataset=rows)
     trainer.train()
-    history = losses(trainer)
+    history = logged(trainer)
     assert len(history) == 8 and all(torch.isfinite(torch.tensor(history)))
     assert history[-1] < 0.8 * history[0], history
     if objective == "dflash":
-        assert not losses(trainer, "loss_tree")
+        assert not logged(trainer, "loss_tree")
     else:
-        tree_history = losses(trainer, "loss_tree")
+        tree_history = logged(trainer, "loss_tree")
         assert tree_history[-1] < tree_history[0], tree_history
 
 
@@ -209,7 +178,7 @@ def test_training_trees_are_scored_like_plain_target_forwards(tree_anchors, targ
     # The trainer uses the decoder's own builder; the edge probabilities it weighs are the target's
     # distributions after prefix x[:a] + the parent's path, node by node; trees hang only at tree anchors,
     # while the cross-entropy covers every anchor.
-    assert trainer_module.build_tree is build_tree
+    assert row_loss.build_tree is build_tree
     seen = []
 
     def recording_loss(*args, **kwargs):
@@ -219,15 +188,15 @@ def test_training_trees_are_scored_like_plain_target_forwards(tree_anchors, targ
     # Rows of 12 tokens, 3 of prompt: supervised 3..11. Block size 4 drafts a+1..a+3: anchor 9's horizon
     # leaves the sequence (10, 11 supervised, 12 outside); anchors 3 and 5 have a full horizon.
     anchors, valid = torch.tensor([[3, 9], [5, 0]]), torch.tensor([[True, True], [True, False]])
-    monkeypatch.setattr(trainer_module, "exittrain_loss", recording_loss)
-    monkeypatch.setattr(trainer_module, "sample_anchors", lambda loss_mask, num_anchors, generator: (anchors, valid))
-    drafter = make_drafter(target)
+    monkeypatch.setattr(row_loss, "exittrain_loss", recording_loss)
+    monkeypatch.setattr(row_loss, "sample_anchors", lambda loss_mask, num_anchors, generator: (anchors, valid))
+    drafter = training_drafter(target)
     trainer = ExitTrainer(
         model=drafter,
         target_model=target,
-        args=make_args(tmp_path, objective="prefix", alpha=0.01, tree_budget=5, tree_anchors=tree_anchors),
+        args=training_args(tmp_path, objective="prefix", alpha=0.01, tree_budget=5, tree_anchors=tree_anchors),
     )
-    batch = ExitDataCollator()(make_rows(n=2, length=12))
+    batch = ExitDataCollator()(training_rows(n=2, length=12))
     loss = trainer.compute_loss(drafter, batch)
     assert torch.isfinite(loss) and len(seen) == 1
     (block_logits, labels, label_mask, trees, tree_blocks, tree_probs, objective), kwargs = seen[0]
@@ -248,14 +217,14 @@ def test_training_trees_are_scored_like_plain_target_forwards(tree_anchors, targ
 def test_tree_knobs_reach_the_loss(target, tmp_path, monkeypatch):
     seen = []
     monkeypatch.setattr(
-        trainer_module, "exittrain_loss", lambda *args, **kwargs: seen.append(kwargs) or exittrain_loss(*args, **kwargs)
+        row_loss, "exittrain_loss", lambda *args, **kwargs: seen.append(kwargs) or exittrain_loss(*args, **kwargs)
     )
-    drafter = make_drafter(target)
-    args = make_args(
+    drafter = training_drafter(target)
+    args = training_args(
         tmp_path, tree_normalization="weight_sum", ce_decay=True, gamma=3.0, ce_weight=0.5, tree_weight=0.2
     )
     trainer = ExitTrainer(model=drafter, target_model=target, args=args)
-    trainer.compute_loss(drafter, ExitDataCollator()(make_rows(n=2, length=12)))
+    trainer.compute_loss(drafter, ExitDataCollator()(training_rows(n=2, length=12)))
     assert {k: seen[0][k] for k in ("tree_normalization", "ce_decay", "gamma", "ce_weight", "tree_weight")} == {
         "tree_normalization": "weight_sum",
         "ce_decay": True,
@@ -267,9 +236,12 @@ def test_tree_knobs_reach_the_loss(target, tmp_path, monkeypatch):
 
 def test_steps_without_a_tree_log_no_nan(target, tmp_path):
     # 4 tokens, 2 of prompt: anchors 1 and 2 have a supervised next token but no full horizon (block size 4).
-    rows = make_rows(n=4, length=4, prompt_length=2)
+    rows = training_rows(n=4, length=4, prompt_length=2)
     trainer = ExitTrainer(
-        model=make_drafter(target), target_model=target, args=make_args(tmp_path, max_steps=2), train_dataset=rows
+        model=training_drafter(target),
+        target_model=target,
+        args=training_args(tmp_path, max_steps=2),
+        train_dataset=rows,
     )
     trainer.train()
     logged = [entry for entry in trainer.state.log_history if "loss" in entry]
@@ -281,24 +253,27 @@ def test_steps_without_a_tree_log_no_nan(target, tmp_path):
 
 
 def test_resume_gives_the_same_next_losses(target, tmp_path):
-    rows = make_rows(n=8)
+    rows = training_rows(n=8)
     common = dict(max_steps=4, save_strategy="steps", save_steps=2)
     straight = ExitTrainer(
-        model=make_drafter(target), target_model=target, args=make_args(tmp_path / "a", **common), train_dataset=rows
+        model=training_drafter(target),
+        target_model=target,
+        args=training_args(tmp_path / "a", **common),
+        train_dataset=rows,
     )
     straight.train()
     resumed = ExitTrainer(
-        model=make_drafter(target, seed=123),
+        model=training_drafter(target, seed=123),
         target_model=target,
-        args=make_args(tmp_path / "b", **common),
+        args=training_args(tmp_path / "b", **common),
         train_dataset=rows,
     )
     resumed.train(resume_from_checkpoint=str(tmp_path / "a" / "out" / "checkpoint-2"))
     for key in ("loss", "loss_tree", "tree_1_plus_c"):
         # Steps 3 and 4 are computed after the resume (steps 1 and 2 come back from the checkpoint's state).
-        assert len(losses(resumed, key, after_step=2)) == 2
+        assert len(logged(resumed, key, after_step=2)) == 2
         torch.testing.assert_close(
-            losses(resumed, key, after_step=2), losses(straight, key, after_step=2), rtol=1e-5, atol=1e-6
+            logged(resumed, key, after_step=2), logged(straight, key, after_step=2), rtol=1e-5, atol=1e-6
         )
     checkpoint = tmp_path / "a" / "out" / "checkpoint-2"
     assert not any("target" in f.name for f in checkpoint.iterdir())
@@ -306,14 +281,14 @@ def test_resume_gives_the_same_next_losses(target, tmp_path):
 
 def test_datasets_dataset_and_loss_mask_column_work(target, tmp_path):
     datasets = pytest.importorskip("datasets")
-    rows = make_rows(n=4)
+    rows = training_rows(n=4)
     dataset = datasets.Dataset.from_list(
         [{"input_ids": r["input_ids"], "loss_mask": [0] * 5 + [1] * 11, "text": "x"} for r in rows]
     )
     trainer = ExitTrainer(
-        model=make_drafter(target),
+        model=training_drafter(target),
         target_model=target,
-        args=make_args(tmp_path, max_steps=1),
+        args=training_args(tmp_path, max_steps=1),
         train_dataset=dataset,
         eval_dataset=dataset,
     )
@@ -330,10 +305,10 @@ EVAL_KEYS = ("eval_loss", "eval_loss_dflash", "eval_loss_tree", "eval_tree_1_plu
 
 
 def test_evaluation_is_deterministic_and_reports_the_decoded_tau(target, tmp_path):
-    rows = make_rows(n=6, length=16)
-    args = make_args(tmp_path, eval_tau_prompts=3, eval_tau_max_new_tokens=12, per_device_eval_batch_size=2)
+    rows = training_rows(n=6, length=16)
+    args = training_args(tmp_path, eval_tau_prompts=3, eval_tau_max_new_tokens=12, per_device_eval_batch_size=2)
     trainer = ExitTrainer(
-        model=make_drafter(target), target_model=target, args=args, train_dataset=rows, eval_dataset=rows
+        model=training_drafter(target), target_model=target, args=args, train_dataset=rows, eval_dataset=rows
     )
     first, second = trainer.evaluate(), trainer.evaluate()
     assert {key: first[key] for key in EVAL_KEYS} == {key: second[key] for key in EVAL_KEYS}
@@ -362,7 +337,7 @@ def test_evaluation_is_deterministic_and_reports_the_decoded_tau(target, tmp_pat
 
 
 def test_sampled_eval_tau_is_seeded_and_leaves_the_global_rng_alone(target):
-    drafter = make_drafter(target)
+    drafter = training_drafter(target)
     prompts = [[5, 17, 33], [40, 41, 42, 43]]
     settings = dict(budget=4, temperature=1.0, max_new_tokens=10, seed=3)
     state = torch.random.get_rng_state()
@@ -379,16 +354,16 @@ def test_sampled_eval_tau_is_seeded_and_leaves_the_global_rng_alone(target):
 def test_eval_prompts_are_decoded_instead_of_the_rows_prompts(target, tmp_path, monkeypatch):
     seen = []
     monkeypatch.setattr(
-        trainer_module,
+        eval_tau,
         "decoded_block_lengths",
         lambda target, drafter, prompts, **kwargs: seen.append((prompts, kwargs)) or [2, 1],
     )
-    rows = make_rows(n=4, length=12)
-    args = make_args(
+    rows = training_rows(n=4, length=12)
+    args = training_args(
         tmp_path, eval_tau_prompts=2, eval_tau_budget=9, eval_tau_temperature=0.5, eval_tau_max_new_tokens=7
     )
     trainer = ExitTrainer(
-        model=make_drafter(target),
+        model=training_drafter(target),
         target_model=target,
         args=args,
         train_dataset=rows,
@@ -410,14 +385,14 @@ def test_eval_prompts_are_decoded_instead_of_the_rows_prompts(target, tmp_path, 
 
 
 def test_total_flos_is_counted(target, tmp_path):
-    rows = make_rows(n=4, length=16)
-    args = make_args(tmp_path, objective="dflash", tree_weight=0.0, max_steps=2)
-    trainer = ExitTrainer(model=make_drafter(target), target_model=target, args=args, train_dataset=rows)
+    rows = training_rows(n=4, length=16)
+    args = training_args(tmp_path, objective="dflash", tree_weight=0.0, max_steps=2)
+    trainer = ExitTrainer(model=training_drafter(target), target_model=target, args=args, train_dataset=rows)
     trainer.train()
     # Per step: B = 2 rows of T = 16 tokens, A = 3 anchors, block L = 4, a target context forward, no trees.
-    per_step = trainer._flos(2, 16, 3, BLOCK_SIZE, False, 0)
+    per_step = trainer.flop_counter.flos(StepSize(2, 16, 3, TRAINING_BLOCK_SIZE, False, 0))
     drafter_params = sum(p.numel() for p in trainer.model.parameters())
-    assert per_step >= 6 * drafter_params * 2 * 3 * BLOCK_SIZE
+    assert per_step >= 6 * drafter_params * 2 * 3 * TRAINING_BLOCK_SIZE
     assert trainer.state.total_flos == 2 * per_step > 0
 
 
@@ -484,12 +459,12 @@ class RecordingHfApi:
 def test_push_to_hub_uploads_published_layout_and_card(target, tmp_path, monkeypatch):
     RecordingHfApi.calls = []
     monkeypatch.setattr(hub, "HfApi", RecordingHfApi)
-    drafter = make_drafter(target)
-    args = make_args(
+    drafter = training_drafter(target)
+    args = training_args(
         tmp_path, max_steps=2, save_strategy="steps", save_steps=1, eval_tau_prompts=2, eval_tau_max_new_tokens=8
     )
     trainer = ExitTrainer(
-        model=drafter, target_model=target, args=args, train_dataset=make_rows(n=4), eval_dataset=make_rows(n=2)
+        model=drafter, target_model=target, args=args, train_dataset=training_rows(n=4), eval_dataset=training_rows(n=2)
     )
     trainer.train()
     eval_tau = trainer.evaluate()["eval_tau"]
@@ -528,7 +503,7 @@ def test_push_to_hub_uploads_published_layout_and_card(target, tmp_path, monkeyp
     } <= names
     assert not any("embed" in name or "lm_head" in name for name in names)  # no target weights
     config = json.loads((folder / "config.json").read_text())
-    assert config["block_size"] == BLOCK_SIZE and config["architectures"] == ["DFlashDraftModel"]
+    assert config["block_size"] == TRAINING_BLOCK_SIZE and config["architectures"] == ["DFlashDraftModel"]
     assert config["dflash_config"]["mask_token_id"] == drafter.config.mask_token_id
 
     card = (folder / "README.md").read_text()
@@ -585,7 +560,7 @@ def test_push_to_hub_offline_fails_before_writing_anything(target, tmp_path, mon
     import huggingface_hub.constants
 
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)  # the constant is read at import
-    trainer = ExitTrainer(model=make_drafter(target), target_model=target, args=make_args(tmp_path))
+    trainer = ExitTrainer(model=training_drafter(target), target_model=target, args=training_args(tmp_path))
     out = Path(trainer.args.output_dir)
     before = sorted(out.rglob("*")) if out.exists() else []
     with pytest.raises(Exception, match="(?i)offline"):
@@ -620,54 +595,34 @@ def test_defaults_follow_the_released_code_and_knobs_are_the_exittrain_fields(tm
 # ---------------------------------------------------------------------------------------------
 # Two processes (DDP over gloo on CPU)
 
-DDP_SCRIPT = textwrap.dedent("""
-    import json, sys, torch
-    from conftest import make_target
-    from hf_tev.modeling_dflash import DFlashDraftModel
-    from hf_tev.training import ExitTrainer, ExitTrainingArguments
+DDP_SCRIPT = """
+import json, sys, torch
+from helpers import make_target
+from hf_tev.modeling_dflash import DFlashDraftModel
+from hf_tev.training import ExitTrainer, ExitTrainingArguments
 
-    out = sys.argv[1]
-    target = make_target("qwen3")
-    torch.manual_seed(0)
-    drafter = DFlashDraftModel.from_target(target, num_layers=1, block_size=4)
-    generator = torch.Generator().manual_seed(1)
-    rows = [{"input_ids": torch.randint(3, 96, (12,), generator=generator).tolist(), "prompt_length": 2}
-            for _ in range(8)]
-    args = ExitTrainingArguments(output_dir=out, use_cpu=True, ddp_backend="gloo", max_steps=2,
-                                 per_device_train_batch_size=2, tree_budget=4, anchors_per_sequence=2,
-                                 report_to=[], disable_tqdm=True, save_strategy="no", logging_steps=1)
-    trainer = ExitTrainer(model=drafter, target_model=target, args=args, train_dataset=rows)
-    trainer.train()
-    checksum = sum(p.double().sum().item() for p in drafter.parameters())
-    with open(f"{out}/rank{args.process_index}.json", "w") as f:
-        json.dump({"world_size": args.world_size, "wrapped": type(trainer.model_wrapped).__name__,
-                   "checksum": checksum}, f)
-    trainer.save_model()
-""")
+out = sys.argv[1]
+target = make_target("qwen3")
+torch.manual_seed(0)
+drafter = DFlashDraftModel.from_target(target, num_layers=1, block_size=4)
+generator = torch.Generator().manual_seed(1)
+rows = [{"input_ids": torch.randint(3, 96, (12,), generator=generator).tolist(), "prompt_length": 2}
+        for _ in range(8)]
+args = ExitTrainingArguments(output_dir=out, use_cpu=True, ddp_backend="gloo", max_steps=2,
+                             per_device_train_batch_size=2, tree_budget=4, anchors_per_sequence=2,
+                             report_to=[], disable_tqdm=True, save_strategy="no", logging_steps=1)
+trainer = ExitTrainer(model=drafter, target_model=target, args=args, train_dataset=rows)
+trainer.train()
+checksum = sum(p.double().sum().item() for p in drafter.parameters())
+with open(f"{out}/rank{args.process_index}.json", "w") as f:
+    json.dump({"world_size": args.world_size, "wrapped": type(trainer.model_wrapped).__name__,
+               "checksum": checksum}, f)
+trainer.save_model()
+"""
 
 
 def test_two_process_ddp_on_cpu(tmp_path):
-    script = tmp_path / "ddp_train.py"
-    script.write_text(DDP_SCRIPT)
-    out = tmp_path / "out"
-    env = {
-        **os.environ,
-        "OMP_NUM_THREADS": "1",
-        "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), str(REPO_ROOT / "tests"), os.environ.get("PYTHONPATH", "")]),
-    }
-    command = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc_per_node",
-        "2",
-        str(script),
-        str(out),
-    ]
-    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=240)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
+    ranks, out = run_two_processes(DDP_SCRIPT, tmp_path)
     assert all(r["world_size"] == 2 and r["wrapped"] == "DistributedDataParallel" for r in ranks)
     assert ranks[0]["checksum"] == pytest.approx(ranks[1]["checksum"], rel=1e-6)  # replicas stayed in sync
     loaded = DFlashDraftModel.from_pretrained(out)
@@ -679,18 +634,18 @@ def test_two_process_ddp_on_cpu(tmp_path):
 
 
 def test_clear_errors_for_bad_input(target, tmp_path):
-    drafter = make_drafter(target)
+    drafter = training_drafter(target)
     with pytest.raises(ValueError, match="tree_budget"):
-        make_args(tmp_path, tree_budget=0)
+        training_args(tmp_path, tree_budget=0)
     for knob, value in (("eval_tau_prompts", -1), ("eval_tau_budget", "auto"), ("eval_tau_max_new_tokens", 0)):
         with pytest.raises(ValueError, match=knob):
-            make_args(tmp_path, **{knob: value})
+            training_args(tmp_path, **{knob: value})
     with pytest.raises(ValueError, match="objective"):
-        make_args(tmp_path, objective="medusa")
+        training_args(tmp_path, objective="medusa")
     with pytest.raises(ValueError, match="remove_unused_columns"):
-        make_args(tmp_path, remove_unused_columns=True)
+        training_args(tmp_path, remove_unused_columns=True)
     with pytest.raises(ValueError, match="alpha"):
-        make_args(tmp_path, alpha=0.0)
+        training_args(tmp_path, alpha=0.0)
     for knob, value in (
         ("tree_normalization", "mean"),
         ("tree_anchors", "some"),
@@ -699,14 +654,18 @@ def test_clear_errors_for_bad_input(target, tmp_path):
         ("anchors_per_sequence", 0),
     ):
         with pytest.raises(ValueError, match=knob):
-            make_args(tmp_path, **{knob: value})
+            training_args(tmp_path, **{knob: value})
     with pytest.raises(ValueError, match="input_ids"):
-        ExitTrainer(model=drafter, target_model=target, args=make_args(tmp_path), train_dataset=[{"text": "hi"}])
+        ExitTrainer(model=drafter, target_model=target, args=training_args(tmp_path), train_dataset=[{"text": "hi"}])
     other_target = make_target("qwen3", hidden_size=32)
     with pytest.raises(ValueError, match="does not fit"):
-        ExitTrainer(model=drafter, target_model=other_target, args=make_args(tmp_path), train_dataset=make_rows())
+        ExitTrainer(
+            model=drafter, target_model=other_target, args=training_args(tmp_path), train_dataset=training_rows()
+        )
     other_vocab = make_target("qwen3", vocab_size=80)
     with pytest.raises(ValueError, match="vocab"):
-        ExitTrainer(model=drafter, target_model=other_vocab, args=make_args(tmp_path), train_dataset=make_rows())
+        ExitTrainer(
+            model=drafter, target_model=other_vocab, args=training_args(tmp_path), train_dataset=training_rows()
+        )
     with pytest.raises(TypeError, match="DFlashDraftModel"):
-        ExitTrainer(model=target, target_model=target, args=make_args(tmp_path), train_dataset=make_rows())
+        ExitTrainer(model=target, target_model=target, args=training_args(tmp_path), train_dataset=training_rows())

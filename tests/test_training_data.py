@@ -7,19 +7,17 @@ import logging
 
 import pytest
 import torch
-from conftest import make_target
+from helpers import make_target, training_args, training_drafter
 
-from hf_tev.modeling_dflash import DFlashDraftModel
 from hf_tev.training import (
     CachedFeatureDataset,
     ExitDataCollator,
     ExitTrainer,
-    ExitTrainingArguments,
     FeatureCache,
     check_rows,
     generate_training_data,
 )
-from hf_tev.training.data import settings_file
+from hf_tev.training.data_generation import settings_file
 
 VOCAB = 96  # make_target's vocabulary
 
@@ -38,25 +36,11 @@ def good(n=3, length=10, prompt_length=2):
 
 
 def make_trainer(target, tmp_path, train_dataset=None, eval_dataset=None, **overrides):
-    torch.manual_seed(0)
-    drafter = DFlashDraftModel.from_target(target, num_layers=1, block_size=4)
-    settings = dict(
-        output_dir=str(tmp_path / "out"),
-        use_cpu=True,
-        report_to=[],
-        disable_tqdm=True,
-        save_strategy="no",
-        per_device_train_batch_size=2,
-        tree_budget=4,
-        anchors_per_sequence=3,
-        max_steps=1,
-        max_length=8,
-    )
-    settings.update(overrides)
+    args = training_args(tmp_path, **(dict(tree_budget=4, max_steps=1, max_length=8) | overrides))
     return ExitTrainer(
-        model=drafter,
+        model=training_drafter(target),
         target_model=target,
-        args=ExitTrainingArguments(**settings),
+        args=args,
         train_dataset=train_dataset,
         eval_dataset=eval_dataset,
     )
@@ -216,7 +200,7 @@ def test_progress_bar_shows_tokens_per_second(target, capsys):
 
 
 def test_chat_prompts_use_the_turns_before_the_first_answer():
-    from hf_tev.training.data import _encode_prompt
+    from hf_tev.training.prompts import encode_prompt
 
     class Tokenizer:
         def apply_chat_template(self, turns, add_generation_prompt, tokenize, return_dict):
@@ -229,4 +213,4 @@ def test_chat_prompts_use_the_turns_before_the_first_answer():
         {"role": "assistant", "content": "hello there"},
         {"role": "user", "content": "more"},
     ]
-    assert _encode_prompt(conversation, Tokenizer(), apply_chat_template=False) == [8, 2]
+    assert encode_prompt(conversation, Tokenizer(), apply_chat_template=False) == [8, 2]

@@ -1,13 +1,25 @@
 """ExitTrain: exit-guided training of DFlash drafters (SPEC section 6).
 
-- `data`: target-written training rows (`generate_training_data`: written as they come, resumable), the check of
-  every row before training (`check_rows`, `row_tensors`) and `ExitDataCollator`;
+Data:
+- `columns`: the dataset column names;
+- `prompts`: prompts as token ids (`encode_prompt`) and the target's padding / EOS ids;
+- `data_generation`: target-written training rows (`generate_training_data`: written as they come, resumable);
+- `data`: the check of every row before training (`check_rows`, `row_tensors`) and `ExitDataCollator`;
 - `features`: the target features a drafter reads, computed once and memory-mapped (`FeatureCache`,
-  `CachedFeatureDataset`): the standard objective then trains without target forwards;
+  `CachedFeatureDataset`): the standard objective then trains without target forwards.
+Training:
+- `exit_config`: `ExitTrainingArguments` (every knob) and the objectives it accepts;
+- `trainer`: `ExitTrainer` (a `transformers.Trainer`): the Trainer hooks, the work in the modules below;
 - `batch`: anchors, block labels and the masks of the shared drafter forward and the batched tree pass;
-- `trainer`: `ExitTrainingArguments` (every knob) and `ExitTrainer` (a `transformers.Trainer`);
-- `opd`: Draft-OPD (`objective="opd"`): tree-decoded rollouts (`collect_rollouts`, `Rollout`), the replay of the
-  drafter's blocks at their cycles with the target as teacher, and the acceptance-aware loss (`opd_loss`);
+- `forwards`: the target's context forward and the drafter's forward over all blocks of a batch;
+- `row_loss`: the loss of objectives "exit", "prefix" and "dflash" on a batch of training rows;
+- `rollout`: tree decoding with the frozen target, behind both the decoded tau and the Draft-OPD rollouts;
+- `eval_tau`: the decoded tau of an evaluation (`decoded_block_lengths`);
+- `opd`: Draft-OPD (`objective="opd"`): rollouts (`collect_rollouts`, `Rollout`), the replay of the drafter's
+  blocks at their cycles with the target as teacher, and the acceptance-aware loss (`opd_loss`, `replay_loss`);
+- `opd_rollouts`: the rollouts of a run, refreshed every `opd_refresh_steps` and kept in checkpoints;
+- `seeds`, `metrics`: the seeded generators of the random draws; the logged metrics and FLOPs.
+Publishing:
 - `hub`: the model card (template `drafter_card.md`, package data; the measured eval tau in its metadata) and
   the Hub upload;
 - `cli`: `hf-tev train` / `python -m hf_tev.train` (`ExitScriptArguments` + `ExitTrainingArguments`).
@@ -15,17 +27,11 @@ The loss maths itself is `hf_tev.exit_loss` (plain torch).
 """
 
 from .batch import block_attention_mask, block_labels, sample_anchors, tree_batch_inputs
-from .data import (
-    CONTEXT_FEATURES,
-    INPUT_IDS,
-    LOSS_MASK,
-    PROMPT_LENGTH,
-    ExitDataCollator,
-    check_dataset,
-    check_rows,
-    generate_training_data,
-    row_tensors,
-)
+from .columns import CONTEXT_FEATURES, INPUT_IDS, LOSS_MASK, PROMPT_LENGTH
+from .data import ExitDataCollator, check_dataset, check_rows, row_tensors
+from .data_generation import generate_training_data
+from .eval_tau import decoded_block_lengths
+from .exit_config import TRAINING_OBJECTIVES, TREE_ANCHORS, ExitTrainingArguments
 from .features import CachedFeatureDataset, FeatureCache, compute_context_features
 from .hub import (
     OBJECTIVE_DESCRIPTIONS,
@@ -36,7 +42,7 @@ from .hub import (
     trainer_model_card,
 )
 from .opd import Rollout, collect_rollouts, opd_loss
-from .trainer import TRAINING_OBJECTIVES, TREE_ANCHORS, ExitTrainer, ExitTrainingArguments, decoded_block_lengths
+from .trainer import ExitTrainer
 
 __all__ = [
     "CONTEXT_FEATURES",

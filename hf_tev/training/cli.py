@@ -187,7 +187,7 @@ def build_parser(prog: str = "hf-tev train"):
 
     from transformers import HfArgumentParser
 
-    from .trainer import ExitTrainingArguments
+    from .exit_config import ExitTrainingArguments
 
     class Formatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
         pass
@@ -312,17 +312,20 @@ def _response_kwargs(temperature: float | None) -> dict[str, Any]:
 # The run
 
 
+@dataclass
+class TrainingData:
+    """The datasets of a run: the checked training and evaluation rows (with their cached features when a
+    feature cache is used), how many training rows there are, and a description for the model card."""
+
+    train_dataset: Any
+    eval_dataset: Any
+    num_train_rows: int
+    description: str
+
+
 def run(script: ExitScriptArguments, args):
     """Load, generate, train, save (and push); returns the `ExitTrainer` after training."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer, set_seed
-    from transformers.trainer_utils import get_last_checkpoint
-
-    from ..modeling_dflash import DFlashDraftModel
-    from . import hub
-    from .data import check_rows, generate_training_data
-    from .features import CachedFeatureDataset, FeatureCache
-    from .trainer import ExitTrainer
 
     if script.threads is not None:
         torch.set_num_threads(script.threads)
@@ -333,10 +336,28 @@ def run(script: ExitScriptArguments, args):
         )
     # 1. The Hub repo first: offline or without access this fails before anything is loaded or written.
     if args.push_to_hub and args.process_index == 0:
-        repo_id = args.hub_model_id or Path(args.output_dir).absolute().name
-        hub.hub_api(args.hub_token).create_repo(repo_id, private=args.hub_private_repo, exist_ok=True)
+        create_hub_repo(args)
+    target, drafter, tokenizer = load_models(script, args)  # 2.
+    data = load_data(script, args, target, drafter, tokenizer)  # 3-5.
+    return train_and_publish(script, args, target, drafter, tokenizer, data)  # 6.
 
-    # 2. Target, tokenizer, drafter (a fresh one is seeded like the training).
+
+def create_hub_repo(args) -> None:
+    """Create (or reuse) the Hub repo `--hub_model_id` (default: the output folder's name)."""
+    from . import hub
+
+    repo_id = args.hub_model_id or Path(args.output_dir).absolute().name
+    hub.hub_api(args.hub_token).create_repo(repo_id, private=args.hub_private_repo, exist_ok=True)
+
+
+def load_models(script: ExitScriptArguments, args):
+    """`(target, drafter, tokenizer or None)`: the target on the training device, its tokenizer when it has one,
+    and the drafter: a checkpoint, or a fresh one built from the target (seeded like the training)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, set_seed
+
+    from ..modeling_dflash import DFlashDraftModel
+
     set_seed(args.seed)
     dtype = script.target_dtype if script.target_dtype == "auto" else getattr(torch, script.target_dtype)
     try:
@@ -361,30 +382,48 @@ def run(script: ExitScriptArguments, args):
             target_layer_ids=script.target_layer_ids,
         )
     drafter.check_target(target)
-    vocab_size = target.get_input_embeddings().weight.shape[0]
+    return target, drafter, tokenizer
 
-    # 3-5. Rows: read, or written by the target (the main process first; the others read its files).
+
+def load_data(script: ExitScriptArguments, args, target, drafter, tokenizer) -> TrainingData:
+    """The rows, read or written by the target (the main process first; the others read its files), checked, and
+    with `--feature_cache` their target features computed into the cache."""
+    import torch
+
+    from .data import check_rows
+    from .features import CachedFeatureDataset, FeatureCache
+
+    vocab_size = target.get_input_embeddings().weight.shape[0]
     data_dir = Path(script.data_dir or Path(args.output_dir) / "_data")
     with args.main_process_first(local=args.save_on_each_node, desc="training rows"):
-        train_rows, eval_rows, description = _rows(script, args, target, tokenizer, data_dir, generate_training_data)
+        train_rows, eval_rows, description = _rows(script, args, target, tokenizer, data_dir)
         train_rows = check_rows(train_rows, "train_dataset", vocab_size, args.max_length)
         eval_rows = check_rows(eval_rows, "eval_dataset", vocab_size, args.max_length) if eval_rows else None
-        train_dataset, eval_dataset = train_rows, eval_rows
+        data = TrainingData(train_rows, eval_rows, len(train_rows), description)
         if script.feature_cache is not None:
             cache = FeatureCache(
                 script.feature_cache, target, drafter, getattr(torch, script.feature_cache_dtype), args.max_length
             )
             cache.update(train_rows + (eval_rows or []), show_progress=not args.disable_tqdm)
-            train_dataset = CachedFeatureDataset(train_rows, cache)
-            eval_dataset = CachedFeatureDataset(eval_rows, cache) if eval_rows else None
+            data.train_dataset = CachedFeatureDataset(train_rows, cache)
+            data.eval_dataset = CachedFeatureDataset(eval_rows, cache) if eval_rows else None
+    return data
 
-    # 6. Train, evaluate, save (and push).
+
+def train_and_publish(script: ExitScriptArguments, args, target, drafter, tokenizer, data: TrainingData):
+    """Train (resuming `--resume_from_checkpoint`), evaluate, save the drafter and its model card (and push them);
+    the main process prints a one-line summary. Returns the trainer."""
+    from transformers.trainer_utils import get_last_checkpoint
+
+    from . import hub
+    from .trainer import ExitTrainer
+
     trainer = ExitTrainer(
         model=drafter,
         target_model=target,
         args=args,
-        train_dataset=train_dataset,
-        eval_dataset=eval_dataset,
+        train_dataset=data.train_dataset,
+        eval_dataset=data.eval_dataset,
         processing_class=tokenizer,
     )
     resume = args.resume_from_checkpoint
@@ -393,12 +432,12 @@ def run(script: ExitScriptArguments, args):
         if resume is None:
             raise ValueError(f"--resume_from_checkpoint last: no checkpoint in {args.output_dir}")
     trainer.train(resume_from_checkpoint=resume)
-    if eval_dataset is not None:
+    if data.eval_dataset is not None:
         trainer.evaluate()
     hub_prompts = [script.prompts] if script.prompts and hub.is_hub_id(script.prompts) else None
     card = dict(
         target_model_id=script.card_target_name or script.target,
-        dataset_description=script.dataset_description or description,
+        dataset_description=script.dataset_description or data.description,
         license=script.card_license,
         datasets=script.card_datasets or hub_prompts,
     )
@@ -408,59 +447,29 @@ def run(script: ExitScriptArguments, args):
         trainer.save_model()
         trainer.create_model_card(repo_id=args.hub_model_id or args.output_dir, **card)
     if trainer.is_world_process_zero():
-        summary = {"output_dir": args.output_dir, "steps": trainer.state.global_step, "train_rows": len(train_rows)}
+        summary = {"output_dir": args.output_dir, "steps": trainer.state.global_step, "train_rows": data.num_train_rows}
         summary |= {key: value for key, value in (trainer.state.log_history or [{}])[-1].items() if "tau" in key}
         summary |= {"total_flos": trainer.state.total_flos}
         print(f"hf-tev train: saved the drafter and its model card: {json.dumps(summary)}", flush=True)
     return trainer
 
 
-def _rows(script, args, target, tokenizer, data_dir: Path, generate):
+def _rows(script, args, target, tokenizer, data_dir: Path):
     """`(train_rows, eval_rows or None, a description of the data for the model card)`."""
-    show = not args.disable_tqdm
-    responses = _response_kwargs(script.response_temperature)
-
-    def answered(prompts, name, source):
-        return generate(
-            target,
-            prompts,
-            tokenizer=tokenizer,
-            max_new_tokens=script.max_new_tokens,
-            batch_size=script.generation_batch_size,
-            apply_chat_template=script.apply_chat_template,
-            show_progress=show,
-            output_path=data_dir / name,
-            metadata={"prompts": source, "seed": args.seed},
-            **responses,
-        )
-
-    how = (
-        "the target's generation config"
-        if script.response_temperature is None
-        else "greedy"
-        if script.response_temperature == 0
-        else f"sampled at temperature {script.response_temperature:g}"
-    )
+    answer = _responder(script, args, target, tokenizer, data_dir)
     if script.prompts is not None:
         prompts = read_prompts(
             script.prompts, script.prompts_split, script.prompts_config, script.prompt_column, script.max_prompts
         )
-        held_out = prompts[len(prompts) - script.eval_size :] if script.eval_size else []
-        if script.eval_size >= len(prompts):
-            raise ValueError(f"--eval_size {script.eval_size} leaves none of the {len(prompts)} prompts to train on")
-        prompts = prompts[: len(prompts) - script.eval_size]
-        source = f"{script.prompts} (split {script.prompts_split})"
-        train_rows = answered(prompts, TRAIN_ROWS, source)
+        train_prompts, held_out = _hold_out(prompts, script.eval_size, "prompts")
+        train_rows = answer(train_prompts, TRAIN_ROWS, f"{script.prompts} (split {script.prompts_split})")
         description = (
             f"{len(train_rows)} prompts of `{script.prompts}` (split `{script.prompts_split}`) with responses "
-            f"written by the target ({how}, at most {script.max_new_tokens} new tokens)."
+            f"written by the target ({_responses_text(script.response_temperature)}, at most "
+            f"{script.max_new_tokens} new tokens)."
         )
     else:
-        rows = read_rows(script.train_data, script.max_train_rows)
-        if script.eval_size >= len(rows):
-            raise ValueError(f"--eval_size {script.eval_size} leaves none of the {len(rows)} rows to train on")
-        held_out = rows[len(rows) - script.eval_size :] if script.eval_size else []
-        train_rows = rows[: len(rows) - script.eval_size]
+        train_rows, held_out = _hold_out(read_rows(script.train_data, script.max_train_rows), script.eval_size, "rows")
         files = ", ".join(f"`{Path(path).name}`" for path in script.train_data)
         description = f"{len(train_rows)} target-written rows from {files}."
     eval_rows = None
@@ -469,14 +478,49 @@ def _rows(script, args, target, tokenizer, data_dir: Path, generate):
     elif script.eval_prompts is not None:
         split = script.eval_prompts_split or script.prompts_split
         eval_prompts = read_prompts(script.eval_prompts, split, script.prompts_config, script.prompt_column)
-        eval_rows = answered(eval_prompts, EVAL_ROWS, f"{script.eval_prompts} (split {split})")
+        eval_rows = answer(eval_prompts, EVAL_ROWS, f"{script.eval_prompts} (split {split})")
     elif held_out and script.prompts is not None:
-        eval_rows = answered(held_out, EVAL_ROWS, f"{script.prompts}: the last {len(held_out)} prompts")
+        eval_rows = answer(held_out, EVAL_ROWS, f"{script.prompts}: the last {len(held_out)} prompts")
     elif held_out:
         eval_rows = held_out
     if eval_rows:
         description += f" Evaluated on {len(eval_rows)} held-out rows."
     return train_rows, eval_rows, description
+
+
+def _hold_out(items: list, eval_size: int, what: str) -> tuple[list, list]:
+    """`(items to train on, the last eval_size items)`; at least one item must be left to train on."""
+    if eval_size >= len(items):
+        raise ValueError(f"--eval_size {eval_size} leaves none of the {len(items)} {what} to train on")
+    return items[: len(items) - eval_size], items[len(items) - eval_size :] if eval_size else []
+
+
+def _responder(script, args, target, tokenizer, data_dir: Path):
+    """`answer(prompts, file name, source)`: the rows of `prompts` with the target's responses
+    (`generate_training_data`), written to `data_dir / name` and resumed from it by a rerun."""
+    from .data_generation import generate_training_data
+
+    def answer(prompts, name: str, source: str):
+        return generate_training_data(
+            target,
+            prompts,
+            tokenizer=tokenizer,
+            max_new_tokens=script.max_new_tokens,
+            batch_size=script.generation_batch_size,
+            apply_chat_template=script.apply_chat_template,
+            show_progress=not args.disable_tqdm,
+            output_path=data_dir / name,
+            metadata={"prompts": source, "seed": args.seed},
+            **_response_kwargs(script.response_temperature),
+        )
+
+    return answer
+
+
+def _responses_text(temperature: float | None) -> str:
+    if temperature is None:
+        return "the target's generation config"
+    return "greedy" if temperature == 0 else f"sampled at temperature {temperature:g}"
 
 
 def main(argv: Sequence[str] | None = None, prog: str = "hf-tev train") -> None:

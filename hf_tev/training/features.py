@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .data import CONTEXT_FEATURES, INPUT_IDS, LOSS_MASK
+from .columns import CONTEXT_FEATURES, INPUT_IDS, LOSS_MASK
 
 FEATURES_NAME = "features.bin"
 INDEX_NAME = "index.json"

@@ -279,7 +279,7 @@ def trainer_eval_tau(trainer) -> list[dict[str, Any]]:
                 latest[prefix] = {
                     "split": "eval_dataset" if prefix == "eval" else f"eval_dataset[{prefix[len('eval_') :]!r}]",
                     "tau": float(value),
-                    "budget": args.tree_budget if args.eval_tau_budget is None else args.eval_tau_budget,
+                    "budget": args.eval_tau_tree_budget,
                     "temperature": float(args.eval_tau_temperature),
                     "max_new_tokens": args.eval_tau_max_new_tokens,
                     "cycles": entry.get(f"{prefix}_tau_cycles"),

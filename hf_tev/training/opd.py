@@ -2,7 +2,7 @@
 Speculative Draft Models", 2026, arXiv 2605.29343), the pieces `ExitTrainer` uses with `objective="opd"`.
 
 1. Rollouts (`collect_rollouts`): hf_tev's own tree decoding, the frozen target verifying the current drafter's
-   trees (`target.generate(..., assistant_model=drafter, tev_config=...)`). The sequence follows the target's
+   trees (`rollout.tree_decode`, the decoding of the evaluations' tau too). The sequence follows the target's
    distribution (target-assisted rollout: stable continuations); every cycle's root position (its anchor) and
    accepted length come from `tev_stats`, so the positions where verification rejected a draft are known: cycle
    `c` drafted from anchor `a` and had `n` drafted tokens accepted; depth `n + 1` (position `a + n + 1`, where
@@ -15,19 +15,23 @@ Speculative Draft Models", 2026, arXiv 2605.29343), the pieces `ExitTrainer` use
 3. Loss (`opd_loss`), the paper's acceptance-aware objective: forward KL `KL(p || q)` at the accepted depths
    (mean), reverse KL `KL(q || p)` at the rejected depths `k > n` with position decay `decay^(k - n - 1)`
    (weighted mean), `(w_acc * L_acc + w_rej * L_rej) / (w_acc + w_rej)` over the streams present.
-The teacher is the target's raw distribution (temperature 1), whatever the rollout temperature.
+The teacher is the target's raw distribution (temperature 1), whatever the rollout temperature. `replay_loss` runs
+2 and 3 on a micro-batch of rollouts; `opd_rollouts.RolloutPool` keeps the trainer's rollouts between refreshes.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
-from ..config import TEVConfig
 from ..tree import DraftTree
 from .batch import tree_batch_inputs
+from .forwards import draft_blocks, target_context
+from .metrics import StepSize
+from .rollout import tree_decode
 
 
 @dataclass
@@ -87,7 +91,6 @@ def rollout_from_lengths(
     return Rollout(sequence, prompt_length, anchors, accepted, rejected)
 
 
-@torch.no_grad()
 def collect_rollouts(
     target,
     drafter,
@@ -100,38 +103,14 @@ def collect_rollouts(
 ) -> list[Rollout]:
     """Tree-decode every prompt with the frozen target verifying `drafter`'s trees at `budget` and return the
     rollouts. Greedy at `temperature` 0, else pure temperature sampling (top-k / top-p off) from a private
-    generator seeded `seeds[i]` (reproducible; the global RNG is untouched)."""
-    device = next(target.parameters()).device
-    if temperature == 0:
-        sampling = dict(do_sample=False)
-    else:
-        sampling = dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0)
-    was_training = drafter.training
-    drafter.eval()
-    rollouts = []
-    for prompt, seed in zip(prompts, seeds, strict=True):
-        input_ids = torch.tensor([list(prompt)], dtype=torch.long, device=device)
-        output = target.generate(
-            input_ids,
-            attention_mask=torch.ones_like(input_ids),
-            assistant_model=drafter,
-            tev_config=TEVConfig(budget=budget, seed=int(seed)),
-            max_new_tokens=max_new_tokens,
-            return_dict_in_generate=True,
-            pad_token_id=pad_token_id,
-            **sampling,
-        )
-        rollouts.append(
-            rollout_from_lengths(
-                output.sequences[0].tolist(),
-                len(prompt),
-                output.tev_stats.accepted_lengths,
-                drafter.config.block_size - 1,
-                max_new_tokens,
-            )
-        )
-    drafter.train(was_training)
-    return rollouts
+    generator seeded `seeds[i]` (reproducible; the global RNG is untouched). The decoding is `rollout.tree_decode`,
+    the same as the decoded tau of evaluations."""
+    decoded = tree_decode(target, drafter, prompts, budget, temperature, max_new_tokens, seeds, pad_token_id)
+    depth = drafter.config.block_size - 1
+    return [
+        rollout_from_lengths(one.sequence, len(prompt), one.block_lengths, depth, max_new_tokens)
+        for one, prompt in zip(decoded, prompts, strict=True)
+    ]
 
 
 def rollout_batch(rollouts: Sequence[Rollout], max_cycles: int, generator: torch.Generator, pad_token_id: int):
@@ -273,3 +252,35 @@ def opd_loss(
     else:
         loss = sum(parts) / sum(weights)
     return OPDLoss(loss, accept, reject)
+
+
+def replay_loss(model, drafter, target, rollouts, args, generator, pad_token_id: int) -> tuple[OPDLoss, StepSize]:
+    """Draft-OPD on a micro-batch of rollouts: the drafter's blocks at up to `anchors_per_sequence` of each
+    rollout's cycles (picked by `generator`), the chains replayed through the target (one forward over the
+    rollouts, one over the chains) and the acceptance-aware loss with the `opd_*` weights of `args`
+    (`ExitTrainingArguments`). `model` is the trained drafter as the trainer holds it, `drafter` unwrapped."""
+    input_ids, lengths, anchors, valid, accepted, rejected = (
+        t.to(args.device) for t in rollout_batch(rollouts, args.anchors_per_sequence, generator, pad_token_id)
+    )
+    context = target_context(target, drafter, input_ids, use_cache=True)
+    features = drafter.context_features(context.hidden_states)
+    draft_logits = draft_blocks(model, drafter, target, input_ids, features, anchors)  # [B, A, D, V]
+    B, A, D, _ = draft_logits.shape
+    chains = replay_chains(input_ids, anchors, accepted, lengths, draft_logits)
+    teacher = replay_teacher_logits(target, chains, anchors, valid, context.cache, input_ids.shape[1])
+    if teacher is None:  # no cycle to train (e.g. every rollout stopped at once)
+        nan = draft_logits.new_tensor(math.nan)
+        parts = OPDLoss(draft_logits.sum() * 0.0, nan, nan)
+    else:
+        parts = opd_loss(
+            draft_logits,
+            teacher,
+            accepted_depths(anchors, accepted, lengths),
+            rejected,
+            valid,
+            accept_weight=args.opd_accept_weight,
+            reject_weight=args.opd_reject_weight,
+            decay=args.opd_reject_decay,
+        )
+    chain_rows = int(valid.sum(1).max()) * D
+    return parts, StepSize(B, input_ids.shape[1], A, D + 1, False, B * chain_rows)
