@@ -1,4 +1,6 @@
-"""The cost-aware automatic budget (SPEC section 8): per cycle, the tree size with the most expected tokens per second.
+"""The cost-aware automatic budget: per cycle, the tree size with the most expected tokens per second.
+
+Design: docs/design.md#the-automatic-budget.
 
 Plain Python (no torch, no transformers); `hf_tev.generation` feeds it measured times and verifier outcomes.
 
@@ -186,9 +188,9 @@ class CycleCost:
 
 
 class CostAwareBudget:
-    """Chooses each cycle's tree size (SPEC section 8). `hf_tev.generation` keeps one per models and settings
-    across decoding calls, so its pauses, probes and cap go on where the last call stopped; its calibration and
-    cost model may be shared with other budgets.
+    """Chooses each cycle's tree size (docs/design.md#the-automatic-budget). `hf_tev.generation` keeps one per
+    models and settings across decoding calls, so its pauses, probes and cap go on where the last call stopped;
+    its calibration and cost model may be shared with other budgets.
 
     Args:
         max_budget (`int`): the largest tree (drafted nodes).
@@ -303,7 +305,7 @@ class CostAwareBudget:
             self.calibration.update(path_logprobs[1:], [node in on_path for node in range(1, nodes + 1)])
         self.cost.observe(nodes, tree_s, rest_s)
 
-    # A batch of prompts (SPEC section 10): one size for every row's tree, this budget's cost being the batch's.
+    # A batch of prompts (docs/design.md#batches): one size for every row's tree, this budget's cost being the batch's.
     def common_size(self, rows_log_q: list[list[float]], drafted: bool = True) -> tuple[int, list[float]]:
         """One tree size n for every row of a batch, and each row's predicted block length A_cal,r(n).
 

@@ -26,9 +26,9 @@ class TEVConfig:
         budget (`int` or `"auto"`, defaults to `"auto"`): drafted tree nodes per cycle, the root excluded; 0 is
             plain decoding. `"auto"` chooses every cycle's size by expected tokens per second from the
             drafter's confidence, calibrated online against what the target accepts, and the measured cost of
-            a cycle on this machine, down to plain decoding when no tree pays (`hf_tev.budget`, SPEC
-            section 8). What it learns (the calibration, the cost model, the drafter's pauses) is kept for later
-            calls on the same models.
+            a cycle on this machine, down to plain decoding when no tree pays (`hf_tev.budget`,
+            docs/design.md#the-automatic-budget). What it learns (the calibration, the cost model, the drafter's
+            pauses) is kept for later calls on the same models.
         max_budget (`int`, defaults to 128): the largest tree `"auto"` may choose.
 
             `budget` and `max_budget` are at most `MAX_TREE_NODES` (4096); a call whose largest tree would take
@@ -44,7 +44,8 @@ class TEVConfig:
             global RNG, like `generate` itself, so `torch.manual_seed` before the call reproduces a run of a
             fixed `budget`. With `"auto"` the tree sizes follow measured times and earlier calls, and the draws a
             cycle makes follow its tree, so a seed reproduces the output law (exact either way), not the sample.
-        lookup (`bool`, defaults to False): add context drafts to the tree (SPEC section 9, `hf_tev.lookup`):
+        lookup (`bool`, defaults to False): add context drafts to the tree (`hf_tev.lookup`,
+            docs/design.md#context-drafts):
             continuations of earlier occurrences of the text's last n tokens (plus the root), merged with the
             drafter's candidates in one best-first order. With no `assistant_model` it is tree lookup decoding
             with no drafter at all.

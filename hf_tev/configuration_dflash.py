@@ -1,7 +1,7 @@
 """Configuration of DFlash block-diffusion drafters, in the layout the published checkpoints use.
 
 A published DFlash drafter (e.g. `z-lab/Qwen3-8B-DFlash-b16`) ships a Qwen3-style `config.json`
-(`model_type: "qwen3"`, `architectures: ["DFlashDraftModel"]`) with three additions (SPEC section 2):
+(`model_type: "qwen3"`, `architectures: ["DFlashDraftModel"]`) with three additions (docs/design.md#the-dflash-drafter):
 top-level `block_size` and `num_target_layers`, and a `dflash_config` dict holding `target_layer_ids` and
 `mask_token_id` (newer checkpoints also put `block_size` there). `DFlashConfig` reads every place these
 can live, exposes them as plain attributes (`config.block_size`, `config.mask_token_id`,
@@ -58,7 +58,7 @@ BENIGN_EXTRA_KEYS = frozenset(
 
 
 def default_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]:
-    """The publishers' default choice of target layers (SPEC section 2), used when a config has none.
+    """The publishers' default choice of target layers (docs/design.md#the-dflash-drafter), used when a config has none.
 
     One draft layer reads the middle target layer; several read evenly spaced layers from 1 to T - 3.
     Python's `round` (half to even) is what the publishers' code uses, so it is used here too.

@@ -1,4 +1,4 @@
-"""ExitTrain loss maths (SPEC section 6): node weights on an inference-time draft tree and the two losses.
+"""ExitTrain loss maths (docs/design.md#exittrain): node weights on an inference-time draft tree and the two losses.
 
 Plain torch, no transformers. Everything here is a small function of tensors so that it can be tested
 against a straightforward re-computation; `hf_tev.training.ExitTrainer` only wires it to the models
@@ -31,7 +31,7 @@ from .verify import edge_flow
 # DFlash cross-entropy alone.
 OBJECTIVES = ("exit", "prefix", "dflash")
 # How the tree loss is normalised: by the number of drafted tree nodes of all trees (the authors' released
-# code, SPEC section 6), or tree by tree by its own weight sum, then averaged over trees.
+# code, docs/design.md#exittrain), or tree by tree by its own weight sum, then averaged over trees.
 TREE_NORMALIZATIONS = ("nodes", "weight_sum")
 
 
@@ -92,7 +92,7 @@ def node_weights(tree: DraftTree, probs: torch.Tensor, objective: str = "exit", 
 def expected_block_length(tree: DraftTree, probs: torch.Tensor) -> torch.Tensor:
     """`1 + C = sum_v P(v)` (P(root) = 1, unfloored flow, `probs` `[N, V]` or `[N]` as in `edge_probs`): the
     mean tau any optimal exact verifier reaches on this tree when the target samples from `probs`
-    (SPEC section 5). 0-dim float32 tensor."""
+    (docs/design.md#the-exit-law-and-tev). 0-dim float32 tensor."""
     P, _ = edge_flow(tree, edge_probs(tree, probs))
     return P.sum()
 
@@ -106,7 +106,7 @@ def tree_loss(
 ) -> torch.Tensor:
     """Weighted drafter NLL of the tree nodes: `sum_trees sum_v weight(v) * -log q_{depth v}(x_v)`, normalised.
 
-    `normalization="nodes"` (SPEC section 6, the authors' released code): divided by the total number of
+    `normalization="nodes"` (docs/design.md#exittrain, the authors' released code): divided by the total number of
     drafted nodes of all K trees (depth > 0: the root and padding are not counted).
     `normalization="weight_sum"`: every tree divided by its own weight sum, then the mean over the trees
     whose weight sum is positive.
@@ -196,7 +196,7 @@ def exittrain_loss(
     ce_decay: bool | None = None,
     tree_normalization: str = "nodes",
 ) -> ExitLoss:
-    """The ExitTrain objective of a batch of drafted blocks and their inference-time trees (SPEC section 6).
+    """The ExitTrain objective of a batch of drafted blocks and their inference-time trees (docs/design.md#exittrain).
 
     `loss = ce_weight * CE + tree_weight * tree`, with CE the cross-entropy of every supervised block
     position (plain mean, or decayed `exp(-(k-1)/gamma)` when `ce_decays(objective, ce_decay)`) and, for

@@ -1,4 +1,6 @@
-"""Context drafts (SPEC section 9): continuations found in the committed text, merged into the draft tree.
+"""Context drafts: continuations found in the committed text, merged into the draft tree.
+
+Design: docs/design.md#context-drafts.
 
 Plain Python and torch, no transformers.
 

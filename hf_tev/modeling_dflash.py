@@ -1,4 +1,4 @@
-"""DFlash block-diffusion drafter (SPEC section 2) as a transformers `PreTrainedModel`.
+"""DFlash block-diffusion drafter (docs/design.md#the-dflash-drafter) as a transformers `PreTrainedModel`.
 
 The drafter is a small Qwen3-style stack without embeddings or LM head. Per draft cycle it reads
  - context rows: target hidden states of committed tokens, concatenated over `target_layer_ids`

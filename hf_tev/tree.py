@@ -5,7 +5,7 @@ nodes in the order the builder added them. Parents always come before their chil
 (`parents[i] < i`), so index order is also a topological order, and along any root-to-node
 path the indices increase with the depth.
 
-Builder (SPEC section 3). The score of a token path t_1..t_d is sum_d log q_d(t_d); the tree
+Builder (docs/design.md#trees). The score of a token path t_1..t_d is sum_d log q_d(t_d); the tree
 is the `budget` highest-scoring paths of length 1..D. Because every log-prob is <= 0 a parent
 scores at least as high as its children, so the set is prefix-closed.
 
@@ -97,7 +97,7 @@ class DraftTree:
     @property
     def internal_nodes(self) -> torch.LongTensor:
         """Nodes that have at least one child, ascending: `[I]` (empty for the root alone). Only these
-        nodes' target rows enter the target flow (SPEC section 5)."""
+        nodes' target rows enter the target flow (docs/design.md#the-exit-law-and-tev)."""
         if self._internal_nodes is not None:
             return self._internal_nodes
         return torch.unique(self.parents[1:])  # sorted
@@ -212,7 +212,7 @@ def ranked_topk(logprobs: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Lon
 
 
 def build_tree(draft_logprobs: torch.Tensor, budget: int, root_token, size_rule=None) -> DraftTree:
-    """Best-first DDTree draft tree (SPEC section 3, tie rule in the module docstring).
+    """Best-first DDTree draft tree (docs/design.md#trees, tie rule in the module docstring).
 
     Args:
         draft_logprobs (`torch.Tensor` of shape `[D, V]`): log q_d; row d-1 is depth d. Must be <= 0

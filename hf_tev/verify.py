@@ -6,7 +6,7 @@ p_u = softmax(scores[u]); -inf entries (top-k, top-p, ...) have probability 0. I
 `(path, bonus)`: the accepted node indices root..v (root first) and one token drawn
 outside the tree at v. All of them are exact (the emitted tokens are distributed as the
 target's own sampling) and optimal (the exit node follows the exit law E, so
-E[accepted nodes + 1] = 1 + coverage); SPEC section 5.
+E[accepted nodes + 1] = 1 + coverage); docs/design.md#the-exit-law-and-tev.
 
 Where the work goes. The [V]-wide work stays on the device: each verifier normalises only
 the rows it reads (TEV and the residual verifier: the rows of nodes with children plus the

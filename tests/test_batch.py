@@ -1,4 +1,4 @@
-"""Tree decoding of a batch of prompts (SPEC section 10): each row's output is that prompt's own output alone."""
+"""Tree decoding of a batch of prompts (docs/design.md#batches): each row's output is that prompt's own output alone."""
 
 import json
 

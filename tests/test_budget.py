@@ -1,4 +1,5 @@
-"""The cost-aware automatic budget (SPEC section 8): calibration, cost model and the size choice, alone."""
+"""The cost-aware automatic budget (docs/design.md#the-automatic-budget): calibration, cost model and the size
+choice, alone."""
 
 import functools
 import math

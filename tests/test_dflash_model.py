@@ -1,5 +1,5 @@
-"""DFlash drafter: published checkpoint layout, the maths of SPEC section 2, cache semantics, native transformers
-DFlash generation, and clear errors for what does not fit."""
+"""DFlash drafter: published checkpoint layout, the maths of docs/design.md#the-dflash-drafter, cache semantics,
+native transformers DFlash generation, and clear errors for what does not fit."""
 
 import json
 import math
@@ -34,7 +34,7 @@ def checkpoint(tmp_path):
     return write_checkpoint(tmp_path / "published", published_config(), weights), weights
 
 
-# ----------------------------------------------------------------------------- SPEC section 2, written out
+# ----------------------------------------------------------------- docs/design.md#the-dflash-drafter, written out
 
 
 def reference_block_rows(w: dict, noise, context_features, positions, num_layers: int):
@@ -163,7 +163,7 @@ def test_block_size_inside_dflash_config(tmp_path):
 
 
 def test_default_target_layer_ids_rule():
-    # SPEC section 2, and the published Qwen3-8B-b16 values (5 draft layers, 36 target layers).
+    # docs/design.md#the-dflash-drafter, and the published Qwen3-8B-b16 values (5 draft layers, 36 target layers).
     assert default_target_layer_ids(36, 5) == [1, 9, 17, 25, 33]
     assert default_target_layer_ids(36, 1) == [18]
     assert default_target_layer_ids(7, 1) == [3]

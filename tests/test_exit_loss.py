@@ -51,7 +51,7 @@ HAND_PROBS = torch.tensor(
 
 
 def test_hand_tree_weights():
-    # Worked out by hand from SPEC section 6 with alpha = 0.05.
+    # Worked out by hand from docs/design.md#exittrain with alpha = 0.05.
     P, rho = training_flow(HAND_TREE, HAND_PROBS, alpha=0.05)
     torch.testing.assert_close(P, torch.tensor([1.0, 0.5, 0.3, 0.3, 0.025], dtype=P.dtype))
     torch.testing.assert_close(rho, torch.tensor([0.2, 0.39, 1.0, 1.0, 1.0], dtype=rho.dtype))
@@ -199,7 +199,7 @@ def test_edge_probabilities_stand_in_for_the_distributions():
 
 
 # ---------------------------------------------------------------------------------------------
-# The whole objective on a case worked out by hand from SPEC section 6 (no hf_tev function computes
+# The whole objective on a case worked out by hand from docs/design.md#exittrain (no hf_tev function computes
 # an expected number here).
 
 

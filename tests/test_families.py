@@ -31,7 +31,7 @@ from transformers.models.gemma4 import Gemma4ForCausalLM, Gemma4TextConfig
 from transformers.models.gemma4_unified import Gemma4UnifiedConfig, Gemma4UnifiedForConditionalGeneration
 
 from hf_tev import DFlashDraftModel, TEVConfig
-from hf_tev.generation import commit_accepted_path
+from hf_tev.generation.cache import commit_accepted_path
 from hf_tev.target_layers import full_length_cache, tree_attention_masks
 from hf_tev.tree import build_tree, tree_attention_mask, tree_position_ids
 
@@ -265,8 +265,9 @@ def test_sampling_law_matches_target(family, verifiers):
 # ---------------------------------------------------------------------------------------------------------
 # The released drafters' layouts: each family's export loads strictly and decodes (tree and native chain path)
 # ---------------------------------------------------------------------------------------------------------
-# Field values of each release that differ from the Qwen3-8B export (SPEC section 2), dimensions tiny. Every
-# release is a Qwen3-style `DFlashDraftModel` (`model_type: "qwen3"`), whatever the target family.
+# Field values of each release that differ from the Qwen3-8B export (docs/design.md#the-dflash-drafter),
+# dimensions tiny. Every release is a Qwen3-style `DFlashDraftModel` (`model_type: "qwen3"`), whatever the
+# target family.
 RELEASED_LAYOUTS = {
     # z-lab/Qwen3-{4B,8B}-DFlash-b16, husj576/TEV-qwen3-{4B,8B}: block_size at the top level
     "qwen3": {},

@@ -1,4 +1,5 @@
-"""Context drafts (SPEC section 9): the n-gram index and the merged drafter + lookup tree, against brute force."""
+"""Context drafts (docs/design.md#context-drafts): the n-gram index and the merged drafter + lookup tree, against
+brute force."""
 
 import itertools
 import math

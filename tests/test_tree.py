@@ -101,7 +101,7 @@ def test_all_equal_logprobs_follow_token_ids():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
 def test_ranked_topk_matches_stable_sort_on_large_vocab(dtype):
-    from hf_tev.tree import _ranked_topk
+    from hf_tev.tree import ranked_topk
 
     gen = torch.Generator().manual_seed(3)
     logprobs = -0.25 * torch.randint(0, 6, (5, 1000), generator=gen).float()  # heavy ties
@@ -110,7 +110,7 @@ def test_ranked_topk_matches_stable_sort_on_large_vocab(dtype):
     logprobs[2, 10], logprobs[2, 20] = -0.0, 0.0  # equal values, the lower id must come first
     logprobs = logprobs.to(dtype)
     for k in (1, 7, 170, 1000):
-        values, ids, row_max = _ranked_topk(logprobs, k)
+        values, ids, row_max = ranked_topk(logprobs, k)
         expected_values, expected_ids = logprobs.sort(dim=-1, descending=True, stable=True)
         assert torch.equal(ids, expected_ids[:, :k])
         assert torch.equal(values, expected_values[:, :k])

@@ -1,4 +1,4 @@
-"""Target-generated training sequences for the kit's drafters (SPEC section 6: the drafter
+"""Target-generated training sequences for the kit's drafters (docs/design.md#exittrain: the drafter
 must imitate the target, not the dataset).
 
 Continues the TRAIN prompts of make_prompts.py (build/prompts_train.json, in file order)
