@@ -5,8 +5,10 @@
     hf-tev bench report bench_out/bench.json       # re-render bench.md and bench.png, no run
 
 (`hf-tev bench --help` for every option.) The package: `methods` (the registries `METHODS` and `PROMPT_SETS`),
-`runner` (`BenchConfig`, `run_bench` and the records), `replay` (`same_tree_verifier_stage`), `report` (bench.md
-and bench.png from the document alone) and `cli`.
+`config` (`BenchConfig`, and what `generate` gets from it), `loading` (models and prompts), `measure` (one timed
+`generate` call: `Job`, `ForwardProbe`, `Run`), `runner` (`run_bench`: the plan and the interleaved loop, batch size
+one of its axes), `records` (the JSON document and its records), `replay` (`same_tree_verifier_stage`), `report`
+(bench.md and bench.png from the document alone) and `cli`.
 
 Methods (`METHODS`): `ar` (the target's plain `generate`), `assisted` (transformers' assisted generation with a
 small causal assistant, the kit's `assistant-ar` by default), `prompt_lookup` (transformers' prompt lookup
@@ -66,6 +68,9 @@ float64 CDF over [N, V] at large B) pays page faults each time; `MALLOC_MMAP_THR
 """
 
 from .cli import build_parser, build_report_parser, main, report_main
+from .config import DTYPES, BenchConfig, generation_settings, sampling_kwargs
+from .loading import BenchModels, load_models, load_prompt_texts, tokenize_prompts
+from .measure import ForwardProbe, Job, Run, capture_logits_processor, run_once
 from .methods import (
     METHODS,
     PROMPT_SETS,
@@ -77,6 +82,7 @@ from .methods import (
     register_method,
     register_prompt_set,
 )
+from .records import RECORD_FIELDS, check_load, greedy_mismatch, machine_info, make_records, summarise, z_statistic
 from .replay import same_tree_verifier_stage
 from .report import (
     JSON_NAME,
@@ -91,31 +97,7 @@ from .report import (
     write_outputs,
     write_report,
 )
-from .runner import (
-    DTYPES,
-    RECORD_FIELDS,
-    BenchConfig,
-    BenchModels,
-    ForwardProbe,
-    Job,
-    Run,
-    capture_logits_processor,
-    check_load,
-    generation_settings,
-    greedy_mismatch,
-    load_models,
-    load_prompt_texts,
-    machine_info,
-    make_records,
-    plan_jobs,
-    plan_replays,
-    run_bench,
-    run_once,
-    sampling_kwargs,
-    summarise,
-    tokenize_prompts,
-    z_statistic,
-)
+from .runner import plan_jobs, plan_replays, run_bench
 
 __all__ = [
     "DTYPES",

@@ -12,9 +12,10 @@ from dataclasses import fields
 from pathlib import Path
 
 from ..kit import KIT_DRAFTERS
+from .config import DTYPES, BenchConfig
 from .methods import METHODS, PROMPT_SETS, REFERENCE_METHOD
 from .report import JSON_NAME, check_output_folder, markdown_report, read_document, write_outputs, write_report
-from .runner import DTYPES, BenchConfig, run_bench
+from .runner import run_bench
 
 DESCRIPTION = """\
 Decoding methods side by side in one process, interleaved per prompt: tau, 1 + C, SR, stage times.
@@ -143,12 +144,7 @@ def main(argv: list[str] | None = None, prog: str = "hf-tev bench") -> dict:
         check_output_folder(config.output)
     except ValueError as error:
         parser.error(str(error))
-    if config.batch_sizes is not None:
-        from .batch import run_batch_bench
-
-        document = run_batch_bench(config)
-    else:
-        document = run_bench(config)
+    document = run_bench(config)
     paths = write_outputs(document, config.output)
     print(markdown_report(document))
     print("wrote " + ", ".join(str(p) for p in paths.values()))

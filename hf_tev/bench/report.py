@@ -17,7 +17,7 @@ from pathlib import Path
 from .methods import METHODS, REFERENCE_METHOD, REFERENCE_VERIFIER
 
 SCHEMA = "hf_tev.bench/1"
-BATCH_SCHEMA = "hf_tev.bench/batch-1"  # `hf-tev bench --batch-sizes` (`hf_tev.bench.batch`)
+BATCH_SCHEMA = "hf_tev.bench/batch-1"  # `hf-tev bench --batch-sizes` (`records.batch_records`)
 JSON_NAME, MARKDOWN_NAME, PLOT_NAME = "bench.json", "bench.md", "bench.png"
 
 
@@ -226,6 +226,21 @@ def markdown_report(document: dict) -> str:
     return "\n".join(out) + "\n"
 
 
+def _figure(plt, columns: int):
+    """Two rows of axes, one column per temperature, with room at the right for the legend."""
+    return plt.subplots(2, columns, figsize=(5 * columns + 2.5, 7), squeeze=False)
+
+
+def _dress_axes(ax, ticks: list, xlabel: str, ylabel: str, title: str) -> None:
+    """A log2 x axis with a tick at every value of `ticks`, the labels and title, and a light grid."""
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(ticks, [str(t) for t in ticks])
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+
+
 def _save_figure(figure, axes, path: Path) -> None:
     """One legend for the whole figure at its right edge (room kept for it), written to `path` and closed."""
     import matplotlib.pyplot as plt
@@ -256,7 +271,7 @@ def plot_report(document: dict, path: Path) -> None:
         dash = styles[drafters.index(record["drafter"]) % len(styles)] if record["drafter"] else "-"
         return dict(color=f"C{_rank(record['method']) % 10}", linestyle=dash, label=_label(record))
 
-    figure, axes = plt.subplots(2, len(temperatures), figsize=(5 * len(temperatures) + 2.5, 7), squeeze=False)
+    figure, axes = _figure(plt, len(temperatures))
     for column, temperature in enumerate(temperatures):
         at_t = [r for r in records if r["temperature"] == temperature]
         for row, (key, name) in enumerate((("tau", "τ (block length)"), ("speedup", f"SR vs {REFERENCE_METHOD}"))):
@@ -280,12 +295,7 @@ def plot_report(document: dict, path: Path) -> None:
                     continue
                 ys = [statistics.fmean(r[key] for r in mine if r["budget"] == b) for b in xs]
                 ax.plot(xs, ys, marker="o", linewidth=1.8, **style(mine[0]))
-            ax.set_xscale("log", base=2)
-            ax.set_xticks(budgets, [str(b) for b in budgets])
-            ax.set_xlabel("budget B")
-            ax.set_ylabel(name)
-            ax.set_title(f"{name}, T = {temperature:g} (mean over prompt sets)")
-            ax.grid(alpha=0.3)
+            _dress_axes(ax, budgets, "budget B", name, f"{name}, T = {temperature:g} (mean over prompt sets)")
     _save_figure(figure, axes, path)
 
 
@@ -408,7 +418,7 @@ def _plot_batches(document: dict, path: Path, plt) -> None:
     """tokens/s and τ against batch size, one column per temperature (mean over prompt sets)."""
     records, temperatures = document["records"], document["settings"]["temperatures"]
     sizes = sorted({r["batch_size"] for r in records})
-    figure, axes = plt.subplots(2, len(temperatures), figsize=(5 * len(temperatures) + 2.5, 7), squeeze=False)
+    figure, axes = _figure(plt, len(temperatures))
     for column, temperature in enumerate(temperatures):
         at_t = [r for r in records if r["temperature"] == temperature]
         for row, (key, name) in enumerate((("tokens_per_s", "tokens/s"), ("tau", "τ (block length)"))):
@@ -419,10 +429,5 @@ def _plot_batches(document: dict, path: Path, plt) -> None:
                 if xs:
                     ys = [statistics.fmean(r[key] for r in mine if r["batch_size"] == s) for s in xs]
                     ax.plot(xs, ys, marker="o", label=label, color=f"C{_rank(mine[0]['method']) % 10}")
-            ax.set_xscale("log", base=2)
-            ax.set_xticks(sizes, [str(s) for s in sizes])
-            ax.set_xlabel("batch size R")
-            ax.set_ylabel(name)
-            ax.set_title(f"{name}, T = {temperature:g}")
-            ax.grid(alpha=0.3)
+            _dress_axes(ax, sizes, "batch size R", name, f"{name}, T = {temperature:g}")
     _save_figure(figure, axes, path)

@@ -1,0 +1,381 @@
+"""What a bench run writes: the `bench.json` document (`bench_document`: settings, `machine_info`, warnings) and
+its records, summarised from the runs of `measure`.
+
+One prompt per call (schema `SCHEMA`, fields `RECORD_FIELDS`, described in `hf_tev.bench`'s docstring):
+`make_records`, from `summarise` of each job's runs.
+
+Batches (`--batch-sizes`, schema `BATCH_SCHEMA`): `batch_records`, a record per method x drafter x budget x
+temperature x prompt set x batch size: `tokens_per_s` (new tokens of every row / the sum over batches of the
+median batch time) and `ar_tokens_per_s` (plain batched generate at the same R), `speedup`, `tau` (every row's
+cycles pooled) and `tau_rows` (each row's own tau, batch by batch), and the tree pass of the batch: `pass_ms` (one
+target forward over every unfinished row's tree, per cycle), `pass_rows` and `pass_nodes` (rows and padded nodes
+per row in a pass, means), `tree_nodes` (a row's own tree, drafted nodes), `draft_ms` (the batch's drafter call,
+per cycle), `verify_ms` (the verifier stage of the batch), `cycles`. At T = 0, `greedy_exact` says whether every
+row equals that prompt's own plain greedy generate run alone, and `matches_batched_ar` whether it equals plain
+batched generate's row (which may differ from the prompt alone by rounding in padded batched kernels).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+import platform
+import statistics
+import warnings
+from dataclasses import fields
+from pathlib import Path
+
+import torch
+
+from .._version import __version__
+from .methods import METHODS, REFERENCE_METHOD, REFERENCE_VERIFIER
+
+RECORD_FIELDS = (
+    "method",
+    "drafter",
+    "budget",
+    "temperature",
+    "prompt_set",
+    "prompts",
+    "max_new_tokens",
+    "repeats",
+    "new_tokens",
+    "target_forwards",
+    "cycles",
+    "tau",
+    "tau_counted",
+    "coverage",
+    "coverage_z",
+    "time_s",
+    "ar_time_s",
+    "speedup",
+    "tokens_per_s",
+    "greedy_exact",
+    "tokens_sha1",
+    "draft_ms",
+    "build_ms",
+    "forward_ms",
+    "verify_ms",
+    "cycle_ms",
+    "model_ms",
+    "overhead_ms",
+    "overhead_fraction",
+    "setup_ms",
+    "prefill_ms",
+    "verifier_stage_ms",
+    "verifier_stage_ddtree_ms",
+    "verifier_stage_reduction",
+    "verifier_stage_cycles",
+    "tree_size_mean",
+    "tree_size_quartiles",
+    "plain_cycle_fraction",
+    "predicted_tau",
+)
+
+
+# --------------------------------------------------------------------------------------------------------
+# The document
+# --------------------------------------------------------------------------------------------------------
+def add_warning(notes: list[str], message: str) -> None:
+    """Warn now, and keep the message for the document's `warnings`."""
+    warnings.warn(message, stacklevel=3)  # the warning points at the caller's caller, the step of the run
+    notes.append(message)
+
+
+def machine_info(config) -> dict:
+    import sys
+
+    import transformers
+
+    if config.device.startswith("cuda"):
+        device_name = torch.cuda.get_device_name(config.device)
+    else:
+        cpuinfo = Path("/proc/cpuinfo")
+        lines = cpuinfo.read_text().splitlines() if cpuinfo.exists() else []
+        names = [line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")]
+        device_name = names[0] if names else platform.processor()
+    return dict(
+        cpu_count=os.cpu_count(),
+        torch_threads=torch.get_num_threads(),
+        load_average=[os.getloadavg()[0]],
+        device=config.device,
+        device_name=device_name or platform.machine(),
+        dtype=config.dtype,
+        torch=torch.__version__,
+        transformers=transformers.__version__,
+        hf_tev=__version__,
+        python=sys.version.split()[0],
+        platform=platform.platform(),
+        # glibc malloc tuning changes CPU timings of large per-cycle buffers (see the README): record it.
+        malloc_env={k: v for k, v in os.environ.items() if k.startswith("MALLOC_")},
+    )
+
+
+def check_load(notes: list[str]) -> None:
+    load, cores = os.getloadavg()[0], os.cpu_count() or 1
+    if load > cores:
+        add_warning(
+            notes,
+            f"machine is loaded: 1-min load average {load:.2f} > {cores} cores; timings (SR, stage times) mean little",
+        )
+
+
+def bench_document(schema: str, config, generation: dict, machine: dict, notes: list[str], records) -> dict:
+    """The JSON document: `settings` are the fields of `config` and the `generate` settings per temperature."""
+    settings = {f.name: getattr(config, f.name) for f in fields(config)}
+    settings["generation"] = generation
+    return dict(schema=schema, settings=settings, machine=machine, warnings=notes, records=records)
+
+
+# --------------------------------------------------------------------------------------------------------
+# Statistics shared by both record kinds
+# --------------------------------------------------------------------------------------------------------
+def z_statistic(differences: list[float]) -> float | None:
+    """mean / (std / sqrt(n)) of per-cycle differences; 0 when all are 0 (T = 0), None with fewer than 2."""
+    n = len(differences)
+    if n < 2:
+        return None
+    mean = statistics.fmean(differences)
+    std = statistics.stdev(differences)
+    if std == 0:
+        return 0.0 if mean == 0 else math.copysign(math.inf, mean)
+    return mean / (std / math.sqrt(n))
+
+
+def _median_ms(values):
+    return 1e3 * statistics.median(values) if values else None
+
+
+def _mean(values):
+    return statistics.fmean(values) if values else None
+
+
+def median_seconds(runs_per_unit) -> float:
+    """The sum over prompts (or batches) of the median wall time of their repeats."""
+    return sum(statistics.median(run.seconds for run in runs) for runs in runs_per_unit)
+
+
+def what_was_run(config, key: tuple, temperature: float, set_name: str, **prompts) -> dict:
+    """The fields that say what a record measured: method, drafter and budget (`key`), temperature, prompt set,
+    how its prompts went through `generate` (`prompts`), tokens per run and repeats."""
+    method, drafter, budget = key
+    return dict(
+        method=method,
+        drafter=drafter,
+        budget=budget,
+        temperature=temperature,
+        prompt_set=set_name,
+        **prompts,
+        max_new_tokens=config.max_new_tokens,
+        repeats=config.repeats,
+    )
+
+
+def greedy_mismatch_message(method, drafter, budget, where: str) -> str:
+    return f"GREEDY MISMATCH: {method} (drafter {drafter}, B={budget}) {where}"
+
+
+# --------------------------------------------------------------------------------------------------------
+# One prompt per call
+# --------------------------------------------------------------------------------------------------------
+def summarise(job, runs_per_prompt: list[list], ar_runs: list[list]) -> dict:
+    """The measured fields of one job at one temperature and prompt set (runs_per_prompt[p][r]: prompt p, repeat
+    r; repeat 0 gives tokens and tau)."""
+    firsts = [runs[0] for runs in runs_per_prompt]
+    time_s, ar_time_s = median_seconds(runs_per_prompt), median_seconds(ar_runs)
+    new_tokens = sum(run.sequence.shape[1] for run in firsts)
+    digest = hashlib.sha1()
+    for run in firsts:
+        digest.update(run.sequence.numpy().tobytes())
+    counted = sum(run.sequence.shape[1] - 1 for run in firsts) / max(1, sum(run.target_forwards - 1 for run in firsts))
+    fields_ = dict(
+        new_tokens=new_tokens,
+        target_forwards=sum(run.target_forwards for run in firsts),
+        tau_counted=counted,
+        tau=counted,
+        time_s=time_s,
+        ar_time_s=ar_time_s,
+        speedup=ar_time_s / time_s,
+        tokens_per_s=new_tokens / time_s,
+        tokens_sha1=digest.hexdigest(),
+    )
+    if METHODS[job.method].tev_verifier is not None:
+        fields_.update(tree_fields(firsts, [run for runs in runs_per_prompt for run in runs]))
+    return fields_
+
+
+def tree_fields(firsts: list, every: list) -> dict:
+    """What the `TEVStats` of an hf_tev method add: tau, coverage and the chosen tree sizes from the first repeat
+    of each prompt (`firsts`), stage times per cycle from every repeat (`every`)."""
+    blocks = [length for run in firsts for length in run.stats.accepted_lengths]
+    coverages = [c for run in firsts for c in run.stats.coverages]
+    timed = [run for run in every if run.stats.num_cycles]
+
+    def per_cycle_ms(seconds_of):  # median over runs of the run's mean per cycle
+        return _median_ms([seconds_of(run) / run.stats.num_cycles for run in timed])
+
+    return dict(
+        cycles=len(blocks),
+        tau=sum(blocks) / max(1, len(blocks)),
+        coverage=statistics.fmean(coverages) if coverages else None,
+        coverage_z=z_statistic([b - c for b, c in zip(blocks, coverages, strict=True)]),
+        draft_ms=per_cycle_ms(lambda run: sum(run.stats.draft_times)),
+        build_ms=per_cycle_ms(lambda run: sum(run.stats.build_times)),
+        forward_ms=per_cycle_ms(lambda run: sum(run.stats.forward_times)),
+        verify_ms=per_cycle_ms(lambda run: sum(run.stats.verify_times)),
+        cycle_ms=per_cycle_ms(lambda run: run.loop_s),
+        model_ms=per_cycle_ms(lambda run: run.loop_model_s),
+        overhead_ms=per_cycle_ms(lambda run: run.loop_s - run.loop_model_s),
+        overhead_fraction=statistics.median((run.loop_s - run.loop_model_s) / run.loop_s for run in timed)
+        if timed
+        else None,
+        setup_ms=_median_ms([run.setup_s for run in timed]),
+        prefill_ms=_median_ms([run.stats.prefill_time for run in timed]),
+        **tree_size_fields(firsts),
+    )
+
+
+def tree_size_fields(runs: list) -> dict:
+    """The chosen tree sizes (drafted nodes per cycle) of the runs: mean, quartiles, the fraction of cycles
+    without a tree, and the block length the automatic budget predicted (None for fixed budgets)."""
+    sizes = sorted(size for run in runs for size in run.stats.tree_sizes)
+    predicted = [p for run in runs for p in run.stats.predicted_lengths]
+    if not sizes:
+        return {}
+    quartiles = [sizes[min(len(sizes) - 1, int(q * len(sizes)))] for q in (0.25, 0.5, 0.75)]
+    return dict(
+        tree_size_mean=statistics.fmean(sizes),
+        tree_size_quartiles=quartiles,
+        plain_cycle_fraction=sum(size == 0 for size in sizes) / len(sizes),
+        predicted_tau=statistics.fmean(predicted) if predicted else None,
+    )
+
+
+def greedy_mismatch(runs_per_prompt, ar_runs) -> str | None:
+    """None when every prompt's tokens equal ar's, else where they first differ."""
+    for index, (runs, reference) in enumerate(zip(runs_per_prompt, ar_runs, strict=True)):
+        got, want = runs[0].sequence[0], reference[0].sequence[0]
+        if not torch.equal(got, want):
+            common = min(got.numel(), want.numel())
+            differ = (got[:common] != want[:common]).nonzero()
+            position = int(differ[0, 0]) if differ.numel() else common
+            return f"prompt {index}: first difference at new token {position} (lengths {got.numel()} vs {want.numel()})"
+    return None
+
+
+def verifier_stage_fields(method: str, times: dict | None) -> dict:
+    """The verifier-stage fields of `method` from the same-tree replay's verifier -> seconds per cycle."""
+    verifier = METHODS[method].replay_verifier
+    if not times or verifier is None:
+        return {}
+    reference_ms = _median_ms(times[REFERENCE_VERIFIER])
+    stage = dict(
+        verifier_stage_ms=_median_ms(times[verifier]),
+        verifier_stage_ddtree_ms=reference_ms,
+        verifier_stage_cycles=len(times[REFERENCE_VERIFIER]),
+    )
+    if verifier != REFERENCE_VERIFIER:
+        stage["verifier_stage_reduction"] = 1 - stage["verifier_stage_ms"] / reference_ms
+    return stage
+
+
+def make_records(config, plan, runs, stage, temperature, set_name, num_prompts, notes) -> list[dict]:
+    """The records of one temperature and prompt set; `stage[(drafter, budget)]` is the replay's verifier -> times."""
+    ar_runs = runs[plan[(REFERENCE_METHOD, None, None)]]
+    summaries, records = {}, []
+    for (method, drafter, budget), job in plan.items():
+        if job not in summaries:
+            summaries[job] = summarise(job, runs[job], ar_runs)
+        record = dict.fromkeys(RECORD_FIELDS)
+        record.update(what_was_run(config, (method, drafter, budget), temperature, set_name, prompts=num_prompts))
+        record.update(summaries[job])
+        if temperature == 0:
+            mismatch = greedy_mismatch(runs[job], ar_runs)
+            record["greedy_exact"] = mismatch is None
+            if mismatch:
+                where = f"on {set_name} differs from {REFERENCE_METHOD} at T=0: {mismatch}"
+                add_warning(notes, greedy_mismatch_message(method, drafter, budget, where))
+        record.update(verifier_stage_fields(method, stage.get((drafter, budget))))
+        records.append(record)
+    return records
+
+
+# --------------------------------------------------------------------------------------------------------
+# Batches
+# --------------------------------------------------------------------------------------------------------
+def summarise_batches(runs: list[list], ar_runs: list[list], strip_pad: int | None) -> dict:
+    """The fields of one job at one batch size (runs[b][r]: batch b, repeat r; repeat 0 gives tokens and tau).
+    `strip_pad`: the pad id after rows that stopped early (with --stop-at-eos), else None."""
+    time_s, ar_time_s = median_seconds(runs), median_seconds(ar_runs)
+    firsts = [repeats[0] for repeats in runs]
+    new_tokens = len([t for tokens in first_rows(runs, strip_pad) for t in tokens])
+    ar_tokens = len([t for tokens in first_rows(ar_runs, strip_pad) for t in tokens])
+    fields_ = dict(
+        rows=sum(len(run.tokens) for run in firsts),
+        new_tokens=new_tokens,
+        time_s=time_s,
+        tokens_per_s=new_tokens / time_s,
+        ar_tokens_per_s=ar_tokens / ar_time_s,
+        speedup=(new_tokens / time_s) / (ar_tokens / ar_time_s),
+    )
+    if firsts[0].stats is not None:
+        fields_.update(batch_tree_fields(firsts, [run for repeats in runs for run in repeats]))
+    return fields_
+
+
+def batch_tree_fields(firsts: list, every: list) -> dict:
+    """What the rows' `TEVStats` add: tau and tree sizes from the first repeat of each batch (`firsts`), the
+    batch's tree pass per cycle from every repeat (`every`)."""
+    stats = [row for run in firsts for row in run.stats]
+    blocks = [length for row in stats for length in row.accepted_lengths]
+    # a batch's passes are those of its longest-running row (every pass holds every unfinished row)
+    passes = [max(run.stats, key=lambda row: row.num_cycles) for run in every]
+    cycles = sum(row.num_cycles for row in passes)
+    return dict(
+        tau=sum(blocks) / max(1, len(blocks)),
+        tau_rows=[round(row.tau, 3) for row in stats],
+        cycles=sum(max(row.num_cycles for row in run.stats) for run in firsts),
+        pass_ms=1e3 * sum(sum(row.forward_times) for row in passes) / max(1, cycles),
+        verify_ms=1e3 * sum(sum(row.verify_times) for row in passes) / max(1, cycles),
+        draft_ms=1e3 * sum(sum(row.draft_times) for row in passes) / max(1, cycles),  # the batch's drafter call
+        # one prompt runs the single-prompt path, which records no batch passes: 1 row of its own tree
+        pass_rows=_mean([n for row in passes for n in row.pass_rows or [1] * row.num_cycles]),
+        pass_nodes=_mean([n for row in passes for n in row.pass_nodes or [s + 1 for s in row.tree_sizes]]),
+        tree_nodes=_mean([n for row in stats for n in row.tree_sizes]),
+    )
+
+
+def first_rows(runs: list[list], strip_pad: int | None) -> list[list[int]]:
+    """Every row's new tokens of the first repeat of each batch, without the padding after an early stop."""
+    return [unpadded(tokens, strip_pad) for repeats in runs for tokens in repeats[0].tokens]
+
+
+def unpadded(tokens: list[int], pad: int | None) -> list[int]:
+    """`tokens` without the trailing `pad` ids (all of them kept when `pad` is None)."""
+    if pad is None:
+        return tokens
+    end = len(tokens)
+    while end and tokens[end - 1] == pad:
+        end -= 1
+    return tokens[:end]
+
+
+def batch_records(config, plan, runs, batches, alone, temperature, set_name, strip_pad, notes) -> list[dict]:
+    """The records of one temperature, prompt set and batch size: `batches` are lists of prompt indices, and
+    `alone[i]` prompt i's own plain greedy tokens (at T = 0; None otherwise)."""
+    ar_runs = runs[plan[(REFERENCE_METHOD, None, None)]]
+    size, records = len(batches[0]), []
+    for (method, drafter, budget), job in plan.items():
+        key = (method, drafter, budget)
+        record = what_was_run(config, key, temperature, set_name, batch_size=size, batches=len(batches))
+        record.update(summarise_batches(runs[job], ar_runs, strip_pad))
+        if alone is not None:
+            rows = first_rows(runs[job], strip_pad)
+            expected = [unpadded(alone[i], strip_pad) for batch in batches for i in batch]
+            record.update(greedy_exact=rows == expected, matches_batched_ar=rows == first_rows(ar_runs, strip_pad))
+            if not record["greedy_exact"]:
+                where = f"at R={size} on {set_name}: a row differs from its prompt's own plain greedy generate"
+                add_warning(notes, greedy_mismatch_message(method, drafter, budget, where))
+        records.append(record)
+    return records
