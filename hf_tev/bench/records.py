@@ -84,6 +84,7 @@ def add_warning(notes: list[str], message: str) -> None:
 
 
 def machine_info(config) -> dict:
+    """The document's `machine`: cores, threads, load, device, dtype and library versions."""
     import sys
 
     import transformers
@@ -113,6 +114,7 @@ def machine_info(config) -> dict:
 
 
 def check_load(notes: list[str]) -> None:
+    """A warning when the machine is busier than its cores: timings taken now are not its own."""
     load, cores = os.getloadavg()[0], os.cpu_count() or 1
     if load > cores:
         add_warning(
@@ -129,7 +131,7 @@ def bench_document(schema: str, config, generation: dict, machine: dict, notes: 
 
 
 # --------------------------------------------------------------------------------------------------------
-# Statistics shared by both record kinds
+# Shared by both kinds of record
 # --------------------------------------------------------------------------------------------------------
 def z_statistic(differences: list[float]) -> float | None:
     """mean / (std / sqrt(n)) of per-cycle differences; 0 when all are 0 (T = 0), None with fewer than 2."""
