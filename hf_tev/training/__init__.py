@@ -1,4 +1,4 @@
-"""ExitTrain: exit-guided training of DFlash drafters (SPEC section 6).
+"""ExitTrain: exit-guided training of DFlash drafters (docs/design.md#exittrain).
 
 Data:
 - `columns`: the dataset column names;

@@ -22,7 +22,7 @@ TREE_ANCHORS = ("full_horizon", "all")
 @dataclass
 class ExitTrainingArguments(TrainingArguments):
     r"""
-    Training arguments of [`ExitTrainer`]: every knob of ExitTrain (SPEC section 6) on top of
+    Training arguments of [`ExitTrainer`]: every knob of ExitTrain (docs/design.md#exittrain) on top of
     [`~transformers.TrainingArguments`]. Only the fields below are specific to ExitTrain or have a
     different default. The defaults of `"exit"` / `"prefix"` match the authors' released training code,
     except the target context of the trees (`tree_context_window`, full context here).

@@ -1,4 +1,4 @@
-"""ExitTrain: exit-guided training of a DFlash drafter as a `transformers.Trainer` subclass (SPEC section 6).
+"""ExitTrain: exit-guided training of a DFlash drafter as a `transformers.Trainer` subclass (docs/design.md#exittrain).
 
 ```python
 from hf_tev import ExitTrainer, ExitTrainingArguments, generate_training_data
@@ -62,7 +62,7 @@ from .seeds import DrawCounter, seeded_generator
 
 class ExitTrainer(Trainer):
     """Trains a DFlash drafter against a frozen target with the standard, prefix-weighted or exit-weighted
-    objective (SPEC section 6; the objective and every knob are in [`ExitTrainingArguments`]).
+    objective (docs/design.md#exittrain; the objective and every knob are in [`ExitTrainingArguments`]).
 
     Args:
         model ([`DFlashDraftModel`]): the drafter, the only trained (and saved) model.

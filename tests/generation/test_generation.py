@@ -361,7 +361,7 @@ def test_bad_inputs():
         TEVConfig(budget=2.5)
     with pytest.raises(ValueError, match="verifier"):
         TEVConfig(verifier="nope")
-    # (a batch of prompts decodes: its bad inputs are tested in tests/test_batch.py)
+    # (a batch of prompts decodes: its bad inputs are tested in tests/generation/test_batch.py)
     with pytest.raises(ValueError, match="assistant_model"):
         greedy(target, prompt, max_new_tokens=4, tev_config=TEVConfig())
     with pytest.raises(TypeError, match="TEVConfig"):
@@ -435,7 +435,7 @@ def test_stats_are_consistent():
 
 # ---------------------------------------------------------------------------------------------------------
 # The edges of the API: what is returned is never stale, every option works as in plain generate or fails
-# clearly (the whole table of generate's options is walked in tests/test_generate_options.py)
+# clearly (the whole table of generate's options is walked in tests/generation/test_generate_options.py)
 # ---------------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("stop_kind", ["eos", "criterion"])
 def test_cache_after_a_stop_inside_an_accepted_block_and_continuation(stop_kind):

@@ -177,8 +177,11 @@ def test_sampling_law_with_context_drafts(assistant, budget, monkeypatch):
     import hf_tev
     from hf_tev import TEVConfig
 
-    # a flat probed tree cost: the automatic budget takes trees whatever this machine's load
+    # a flat tree cost that stays flat (measured times are not learnt): the automatic budget takes trees whatever
+    # this machine's load
     monkeypatch.setattr("hf_tev.generation.loop.probe_tree_costs", lambda *args, **kwargs: ([1, 64], [1e-2, 1e-2]))
+    monkeypatch.setattr(hf_tev.budget.CycleCost, "observe", lambda self, nodes, tree_s, rest_s: None)
+    monkeypatch.setattr(hf_tev.budget.CycleCost, "observe_draft", lambda self, draft_s: None)
     monkeypatch.setattr(hf_tev.budget.AcceptanceCalibration, "__call__", lambda self, log_q: 0.5)
     target = make_target("qwen3", vocab_size=8, hidden_size=32, num_layers=2, seed=4)
     with torch.no_grad():

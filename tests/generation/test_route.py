@@ -14,7 +14,7 @@ from transformers import GenerationMixin
 import hf_tev
 from hf_tev import TEVConfig
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 PROMPT = torch.tensor([[1, 5, 9, 13, 7]])
 
 

@@ -1,6 +1,6 @@
 """ExitTrainer end to end on tiny random models: the batched forwards against plain ones, training, resume,
 evaluation (deterministic, the decoded tau), FLOPs, saving, the Hub upload (recording fake client), 2-process DDP
-on CPU, bad input (bad rows: tests/test_training_data.py)."""
+on CPU, bad input (bad rows: tests/training/test_training_data.py)."""
 
 import json
 from pathlib import Path

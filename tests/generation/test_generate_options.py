@@ -34,7 +34,7 @@ from transformers.generation.configuration_utils import METADATA_FIELDS
 from hf_tev import TEVConfig
 from hf_tev.generation import tree_speculative_decode
 
-DOC = Path(__file__).resolve().parent.parent / "docs" / "generate_options.md"
+DOC = Path(__file__).resolve().parents[2] / "docs" / "generate_options.md"
 PROMPT = torch.tensor([[1, 5, 9, 13, 7]])
 N = PROMPT.shape[1]
 # What generate reads from its **kwargs itself (besides GenerationConfig fields), hf_tev's own arguments, and the

@@ -16,7 +16,7 @@ from huggingface_hub import ModelCard
 from hf_tev.training import hub
 from hf_tev.training.hub import is_hub_id, render_model_card
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = REPO_ROOT / "hf_tev"
 SKIP = ("__pycache__",)
 

@@ -4,7 +4,7 @@ no private name imported across modules. Read from the source with `ast`; nothin
 import ast
 from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parent.parent / "hf_tev"
+PACKAGE = Path(__file__).resolve().parents[2] / "hf_tev"
 MAX_MODULE_LINES = 600
 MAX_FUNCTION_LINES = 80
 
