@@ -78,6 +78,23 @@ class TEVConfig:
         unknown = sorted(set(vars(self)) - known)
         if unknown:
             raise ValueError(f"TEVConfig has no fields {unknown} (set after construction?); fields: {sorted(known)}")
+        self._check_budgets()
+        if self.verifier not in SAMPLING_VERIFIERS:
+            raise ValueError(f"TEVConfig.verifier must be one of {list(SAMPLING_VERIFIERS)}, got {self.verifier!r}")
+        if self.tree not in TREE_BUILDERS:
+            raise ValueError(f"TEVConfig.tree must be one of {list(TREE_BUILDERS)}, got {self.tree!r}")
+        if self.block_size is not None and (
+            isinstance(self.block_size, bool) or not isinstance(self.block_size, int) or self.block_size < 2
+        ):
+            raise ValueError(
+                f"TEVConfig.block_size must be an int >= 2 (root + at least one mask), got {self.block_size!r}"
+            )
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
+            raise TypeError(f"TEVConfig.seed must be an int or None, got {type(self.seed).__name__}")
+        self._check_lookup()
+        return self
+
+    def _check_budgets(self) -> None:
         if isinstance(self.budget, str):
             if self.budget != "auto":
                 raise ValueError(f'TEVConfig.budget must be an int >= 0 or "auto", got {self.budget!r}')
@@ -94,18 +111,8 @@ class TEVConfig:
             or not 1 <= self.max_budget <= MAX_TREE_NODES
         ):
             raise ValueError(f"TEVConfig.max_budget must be an int in [1, {MAX_TREE_NODES}], got {self.max_budget!r}")
-        if self.verifier not in SAMPLING_VERIFIERS:
-            raise ValueError(f"TEVConfig.verifier must be one of {list(SAMPLING_VERIFIERS)}, got {self.verifier!r}")
-        if self.tree not in TREE_BUILDERS:
-            raise ValueError(f"TEVConfig.tree must be one of {list(TREE_BUILDERS)}, got {self.tree!r}")
-        if self.block_size is not None and (
-            isinstance(self.block_size, bool) or not isinstance(self.block_size, int) or self.block_size < 2
-        ):
-            raise ValueError(
-                f"TEVConfig.block_size must be an int >= 2 (root + at least one mask), got {self.block_size!r}"
-            )
-        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
-            raise TypeError(f"TEVConfig.seed must be an int or None, got {type(self.seed).__name__}")
+
+    def _check_lookup(self) -> None:
         if not isinstance(self.lookup, bool):
             raise TypeError(f"TEVConfig.lookup must be a bool, got {type(self.lookup).__name__}")
         for name in ("lookup_min_ngram", "lookup_max_ngram", "lookup_length", "lookup_branches"):
@@ -122,7 +129,6 @@ class TEVConfig:
                 f"TEVConfig.lookup_min_ngram ({self.lookup_min_ngram}) exceeds "
                 f"lookup_max_ngram ({self.lookup_max_ngram})"
             )
-        return self
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

@@ -473,30 +473,40 @@ def _safetensors_files(path, kwargs) -> list[str]:
             raise ValueError(f"{path}: DFlashDraftModel loads safetensors weights only, refusing a pickle file")
         return [path]
     if os.path.isdir(path):
-        folder = os.path.join(path, subfolder) if subfolder else path
-        if not os.path.isdir(folder):
-            raise OSError(f"{path} has no subfolder {subfolder!r}")
-        if not os.path.isfile(os.path.join(folder, "config.json")):
-            raise OSError(
-                f"{folder} has no config.json: not a saved DFlash drafter (save_pretrained writes config.json "
-                "next to model.safetensors)"
-            )
-        if os.path.isfile(os.path.join(folder, SAFE_WEIGHTS_NAME)):
-            return [os.path.join(folder, SAFE_WEIGHTS_NAME)]
-        if os.path.isfile(os.path.join(folder, SAFE_INDEX_NAME)):
-            shards = _index_shards(os.path.join(folder, SAFE_INDEX_NAME), folder)
-            missing = [shard for shard in shards if not os.path.isfile(os.path.join(folder, shard))]
-            if missing:
-                raise OSError(f"{folder}: {SAFE_INDEX_NAME} names shards that are not there: {missing}")
-            return [os.path.join(folder, shard) for shard in shards]
-        pickles = sorted(f for f in os.listdir(folder) if f.endswith(PICKLE_WEIGHTS_SUFFIXES))
-        raise ValueError(
-            f"{folder} has no model.safetensors; DFlashDraftModel loads safetensors weights only and "
-            f"refuses pickle weights{' (found ' + ', '.join(pickles) + ')' if pickles else ''}. "
-            "Convert them with safetensors first."
-        )
+        return _folder_safetensors_files(path, subfolder)
     if _is_local_path(path):
         raise OSError(f"{path}: no such folder (and not a Hub repo id of the form 'owner/name')")
+    return _hub_safetensors_files(path, kwargs)
+
+
+def _folder_safetensors_files(path: str, subfolder: str) -> list[str]:
+    """A local checkpoint folder's safetensors weight files (its `subfolder`), refusing pickle weights."""
+    folder = os.path.join(path, subfolder) if subfolder else path
+    if not os.path.isdir(folder):
+        raise OSError(f"{path} has no subfolder {subfolder!r}")
+    if not os.path.isfile(os.path.join(folder, "config.json")):
+        raise OSError(
+            f"{folder} has no config.json: not a saved DFlash drafter (save_pretrained writes config.json "
+            "next to model.safetensors)"
+        )
+    if os.path.isfile(os.path.join(folder, SAFE_WEIGHTS_NAME)):
+        return [os.path.join(folder, SAFE_WEIGHTS_NAME)]
+    if os.path.isfile(os.path.join(folder, SAFE_INDEX_NAME)):
+        shards = _index_shards(os.path.join(folder, SAFE_INDEX_NAME), folder)
+        missing = [shard for shard in shards if not os.path.isfile(os.path.join(folder, shard))]
+        if missing:
+            raise OSError(f"{folder}: {SAFE_INDEX_NAME} names shards that are not there: {missing}")
+        return [os.path.join(folder, shard) for shard in shards]
+    pickles = sorted(f for f in os.listdir(folder) if f.endswith(PICKLE_WEIGHTS_SUFFIXES))
+    raise ValueError(
+        f"{folder} has no model.safetensors; DFlashDraftModel loads safetensors weights only and "
+        f"refuses pickle weights{' (found ' + ', '.join(pickles) + ')' if pickles else ''}. "
+        "Convert them with safetensors first."
+    )
+
+
+def _hub_safetensors_files(path: str, kwargs) -> list[str]:
+    """A Hub checkpoint's safetensors weight files, downloaded to the cache (or found there)."""
     hub_kwargs = {
         k: kwargs[k]
         for k in ("revision", "token", "cache_dir", "local_files_only", "subfolder", "force_download", "proxies")

@@ -137,19 +137,10 @@ def start(model, drafter, input_ids, logits_processor, stopping_criteria, genera
     )
     generator = None if tev_config.seed is None else torch.Generator(device=device).manual_seed(tev_config.seed)
     outputs = Outputs(generation_config, streamer)
-    processors = processors_for_tree(logits_processor)
-    rows, done = [], {}
-    for r in range(batch):
-        row_processors = processors_for_row(processors, r)
-        processed = row_processors(input_ids[r : r + 1], raw[r : r + 1])
-        root = next_token(processed, generation_config.do_sample, generator)  # [1]
-        row = Row(r, torch.cat([input_ids[r : r + 1], root[None]], 1), int(positions[r, -1]) + 1, row_processors)
-        outputs.add(processed, raw[r : r + 1])
-        outputs.stream(root)
-        if first_stop(stopping_criteria, row.sequence, input_ids.shape[1], outputs.scores) is None:
-            rows.append(row)
-        else:
-            done[r] = row  # stopped at its first token
+    rows, done = first_roots(
+        input_ids, raw, positions, processors_for_tree(logits_processor), stopping_criteria, generation_config,
+        generator, outputs,
+    )  # fmt: skip
     candidates = TreeCandidateGenerator(drafter, model, tev_config, len(rows), device)
     for i, row in enumerate(rows):  # the prompt's real tokens: the drafter's first context, the context index
         keep, new = real[row.index], None if features is None else features[row.index : row.index + 1]
@@ -160,14 +151,10 @@ def start(model, drafter, input_ids, logits_processor, stopping_criteria, genera
         tokens = input_ids[row.index, keep].tolist() if tev_config.lookup else None
         candidates.update_candidate_strategy(i, new, new_positions, tokens)
     inputs = tree_pass_inputs(model, real, rows, cache, generation_config.max_length)
-    budget = automatic_budget(model, drafter, tev_config, generation_config, batch) if tev_config.is_auto else None
-    if rows and budget is not None and not budget.cost.probed:
-        roots, first_positions = [row.root for row in rows], [row.next_position for row in rows]
-        budget.cost.set_probe(
-            *probe_tree_costs(
-                model, cache, inputs, roots, first_positions, candidates.hidden_indices, tev_config.max_budget + 1
-            )
-        )
+    budget = None
+    if tev_config.is_auto:
+        budget = automatic_budget(model, drafter, tev_config, generation_config, batch)
+        probe_once(budget, model, cache, inputs, rows, candidates.hidden_indices)
     prefill_s = clock.lap()
     for row in [*rows, *done.values()]:
         row.stats.prefill_time = prefill_s
@@ -177,6 +164,34 @@ def start(model, drafter, input_ids, logits_processor, stopping_criteria, genera
         model, cache, rows, done, candidates, inputs, sizes, verify, generator, stopping_criteria,
         generation_config, outputs, clock, batch > 1,
     )  # fmt: skip
+
+
+def first_roots(input_ids, raw, positions, processors, stopping_criteria, generation_config, generator, outputs):
+    """Each row's first root, drawn from its prefill logits `raw` `[R, V]` by its own processors: the rows that
+    decode on, and those done at their first token (by index)."""
+    rows, done = [], {}
+    for r in range(input_ids.shape[0]):
+        row_processors = processors_for_row(processors, r)
+        processed = row_processors(input_ids[r : r + 1], raw[r : r + 1])
+        root = next_token(processed, generation_config.do_sample, generator)  # [1]
+        row = Row(r, torch.cat([input_ids[r : r + 1], root[None]], 1), int(positions[r, -1]) + 1, row_processors)
+        outputs.add(processed, raw[r : r + 1])
+        outputs.stream(root)
+        if first_stop(stopping_criteria, row.sequence, input_ids.shape[1], outputs.scores) is None:
+            rows.append(row)
+        else:
+            done[r] = row
+    return rows, done
+
+
+def probe_once(budget, model, cache, inputs, rows: list[Row], hidden_indices) -> None:
+    """The automatic budget's tree-pass cost curve, measured on the first call for these models and settings."""
+    if rows and not budget.cost.probed:
+        roots, first_positions = [row.root for row in rows], [row.next_position for row in rows]
+        max_tokens = budget.max_budget + 1
+        budget.cost.set_probe(
+            *probe_tree_costs(model, cache, inputs, roots, first_positions, hidden_indices, max_tokens)
+        )
 
 
 def tree_pass_inputs(model, real: torch.Tensor, rows: list[Row], cache, max_length: int):

@@ -252,6 +252,7 @@ class ExitTrainingArguments(TrainingArguments):
 
     def __post_init__(self):
         self._check_exittrain_knobs()
+        self._check_anchor_knobs()
         self._check_eval_knobs()
         self._check_opd_knobs()
         if self.remove_unused_columns:
@@ -287,6 +288,8 @@ class ExitTrainingArguments(TrainingArguments):
             raise ValueError(
                 f"tree_normalization must be one of {TREE_NORMALIZATIONS}, got {self.tree_normalization!r}"
             )
+
+    def _check_anchor_knobs(self) -> None:
         if not _is_int(self.anchors_per_sequence) or self.anchors_per_sequence < 1:
             raise ValueError(f"anchors_per_sequence must be an int >= 1, got {self.anchors_per_sequence!r}")
         if self.tree_anchors not in TREE_ANCHORS:

@@ -242,18 +242,18 @@ class FeatureCache:
                 self._read_index()  # back to what the index on disk holds
                 raise
 
-    def _append(self, rows, batch_size, max_batch_tokens, flush_rows, show_progress) -> int:
-        from tqdm.auto import tqdm
-
+    def _pending(self, rows) -> list[tuple[str, list[int]]]:
+        """The rows not in the cache yet, (key, ids), longest first: the widest batch (peak memory) comes first."""
         todo = {}
         for row in rows:
             ids = self._cut(row[INPUT_IDS] if isinstance(row, Mapping) else row)
             key = row_key(ids)
             if key not in self.rows and key not in todo:
                 todo[key] = ids
-        if not todo:
-            return 0
-        data_file = self.path / FEATURES_NAME
+        return sorted(todo.items(), key=lambda item: -len(item[1]))
+
+    def _drop_unindexed_bytes(self, data_file) -> None:
+        """Cut the features file to what the index holds (an interrupted update may have written past it)."""
         row_bytes = self.width * np.dtype(STORAGE_DTYPES[self.dtype]).itemsize
         with open(data_file, "ab") as f:
             if f.tell() < self.num_tokens * row_bytes:
@@ -261,13 +261,17 @@ class FeatureCache:
                     f"{data_file} is shorter than its index says ({f.tell()} bytes for "
                     f"{self.num_tokens} tokens of {row_bytes}); delete the cache folder"
                 )
-            f.truncate(self.num_tokens * row_bytes)  # drop bytes an interrupted update wrote past the index
-        pending = sorted(todo.items(), key=lambda item: -len(item[1]))
-        batches, start = [], 0
-        while start < len(pending):  # longest first: the widest batch (peak memory) comes first
-            size = max(1, min(batch_size, max_batch_tokens // max(1, len(pending[start][1]))))
-            batches.append(pending[start : start + size])
-            start += size
+            f.truncate(self.num_tokens * row_bytes)
+
+    def _append(self, rows, batch_size, max_batch_tokens, flush_rows, show_progress) -> int:
+        from tqdm.auto import tqdm
+
+        pending = self._pending(rows)
+        if not pending:
+            return 0
+        data_file = self.path / FEATURES_NAME
+        self._drop_unindexed_bytes(data_file)
+        batches = _token_batches(pending, batch_size, max_batch_tokens)
         added = since_flush = 0
         progress = tqdm(total=len(pending), desc="target features", unit="row", disable=not show_progress)
         with open(data_file, "ab") as f:
@@ -346,3 +350,14 @@ class CachedFeatureDataset(torch.utils.data.Dataset):
             row[LOSS_MASK] = row[LOSS_MASK][:length]
         row[CONTEXT_FEATURES] = features
         return row
+
+
+def _token_batches(pending: list, batch_size: int, max_batch_tokens: int) -> list[list]:
+    """`pending` rows (longest first) cut into batches of at most `batch_size` rows and `max_batch_tokens`
+    tokens (at least one row each)."""
+    batches, start = [], 0
+    while start < len(pending):
+        size = max(1, min(batch_size, max_batch_tokens // max(1, len(pending[start][1]))))
+        batches.append(pending[start : start + size])
+        start += size
+    return batches
