@@ -1,5 +1,6 @@
-"""The cost of hf_tev's cache choice for sliding-window targets (README "Target families"): KV bytes and tree-pass
-time with full-length layers windowed by the mask, against the sliding layers' own cache, on a tiny random Gemma 3.
+"""The cost of hf_tev's cache choice for sliding-window targets (docs/families.md#sliding-windows): KV bytes and
+tree-pass time with full-length layers windowed by the mask, against the sliding layers' own cache, on a tiny
+random Gemma 3.
 
     python examples/sliding_cache_cost.py
 """

@@ -15,8 +15,8 @@ each forward; a tree pass appends all N nodes, so the nodes of a big tree would 
 tree still needs out of that layer, and the kept path's rows would have to be moved inside a window-sized ring.
 With full-length layers the accepted path is committed by the one index_select every layer already gets, and
 transformers' own masks (prefill, plain steps) apply the window by position on a full-length layer just as well.
-The price is memory: a sliding layer holds the whole context instead of the window (README, "Target families",
-has the measurement that chose this).
+The price is memory: a sliding layer holds the whole context instead of the window (the measurement that chose
+this: docs/families.md#sliding-windows).
 
 Layers whose state is a running summary of the sequence (linear attention / recurrent / convolution layers:
 Qwen3.5, Qwen3-Next, Mamba hybrids) cannot branch: one pass over a tree would feed the nodes of all branches

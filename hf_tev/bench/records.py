@@ -108,7 +108,7 @@ def machine_info(config) -> dict:
         hf_tev=__version__,
         python=sys.version.split()[0],
         platform=platform.platform(),
-        # glibc malloc tuning changes CPU timings of large per-cycle buffers (see the README): record it.
+        # glibc malloc tuning changes CPU timings of large per-cycle buffers (docs/bench.md): record it.
         malloc_env={k: v for k, v in os.environ.items() if k.startswith("MALLOC_")},
     )
 
