@@ -138,7 +138,7 @@ def test_card_metadata_parses_back(tmp_path):
     )
     data = card.data
     assert data.base_model == "Qwen/Qwen3-4B" and data.library_name == "hf_tev"
-    assert data.pipeline_tag == "text-generation" and data.license == "mit" and data.datasets == ["org/prompts"]
+    assert data.pipeline_tag is None and data.license == "mit" and data.datasets == ["org/prompts"]
     assert data.tags == ["speculative-decoding", "dflash", "tev", "exittrain", "prefix"]
     for text in (
         "| block size | 16 (drafts 15 tokens per block) |",
