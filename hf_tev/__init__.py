@@ -8,9 +8,14 @@ Names load on first use: importing `hf_tev` (or its algorithm core `hf_tev.tree`
 """
 
 import importlib
+import logging
 
 from ._version import __version__
 from .route import disable, enable, is_enabled
+
+# hf_tev's loggers (`transformers.utils.logging.get_logger(__name__)`) answer to transformers' library logger: its
+# verbosity (`transformers.logging.set_verbosity_error()`, TRANSFORMERS_VERBOSITY) and its handler.
+logging.getLogger(__name__).parent = logging.getLogger("transformers")
 
 __all__ = [
     "DFlashConfig",

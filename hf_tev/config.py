@@ -40,10 +40,12 @@ class TEVConfig:
             (DDTree's builder) or `"chain"` (one argmax child per depth, plain DFlash; at most
             `min(budget, block_size - 1)` nodes).
         block_size (`int`, *optional*): drafting block (root + masks), at most the drafter's own block size.
-        seed (`int`, *optional*): seeds a private `torch.Generator` for the verifier's draws. `None` uses torch's
-            global RNG, like `generate` itself, so `torch.manual_seed` before the call reproduces a run of a
-            fixed `budget`. With `"auto"` the tree sizes follow measured times and earlier calls, and the draws a
-            cycle makes follow its tree, so a seed reproduces the output law (exact either way), not the sample.
+        seed (`int`, *optional*): seeds a private `torch.Generator` for the verifier's draws: any seed
+            `torch.Generator.manual_seed` takes, -2**63 <= seed < 2**64 (a negative seed is seed + 2**64). `None`
+            uses torch's global RNG, like `generate` itself, so `torch.manual_seed` before the call reproduces a
+            run of a fixed `budget`. With `"auto"` the tree sizes follow measured times and earlier calls, and the
+            draws a cycle makes follow its tree, so a seed reproduces the output law (exact either way), not the
+            sample.
         lookup (`bool`, defaults to False): add context drafts to the tree (`hf_tev.lookup`,
             docs/design.md#context-drafts):
             continuations of earlier occurrences of the text's last n tokens (plus the root), merged with the
@@ -91,6 +93,11 @@ class TEVConfig:
             )
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
             raise TypeError(f"TEVConfig.seed must be an int or None, got {type(self.seed).__name__}")
+        if self.seed is not None and not -(2**63) <= self.seed < 2**64:
+            raise ValueError(
+                f"TEVConfig.seed must be in [-2**63, 2**64) (the seeds torch.Generator.manual_seed takes), "
+                f"got {self.seed}"
+            )
         self._check_lookup()
         return self
 

@@ -81,6 +81,7 @@ def routed_generate(original, model, *args, **kwargs):
     """
     from .config import TEVConfig
     from .generation import tree_speculative_decode
+    from .generation.checks import check_prompt
 
     tev_config = kwargs.pop("tev_config", None)
     if tev_config is None:
@@ -99,16 +100,13 @@ def routed_generate(original, model, *args, **kwargs):
             "`TEVConfig(lookup=True)` for tree lookup decoding without a drafter."
         )
     _refuse_before_generate(model, kwargs)
+    check_prompt(_prompt_ids(args, kwargs), kwargs.get("attention_mask"), kwargs.get("position_ids"))
     args = _heal_tokens(model, args, kwargs)
-    model_stop_strings = _stop_strings_as_criteria(model, kwargs)
+    _stop_strings_as_criteria(model, kwargs)
     decode = functools.partial(
         tree_speculative_decode, drafter=drafter, tev_config=tev_config, streamer=kwargs.get("streamer")
     )
-    try:
-        return original(model, *args, custom_generate=decode, **kwargs)
-    finally:
-        if model_stop_strings is not None:
-            model.generation_config.stop_strings = model_stop_strings
+    return original(model, *args, custom_generate=decode, **kwargs)
 
 
 def _given(value) -> bool:
@@ -136,6 +134,14 @@ def _refuse_before_generate(model, kwargs: dict) -> None:
             raise refusal(name, value, what)
 
 
+def _prompt_ids(args: tuple, kwargs: dict):
+    """The prompt generate will decode from: its first positional argument, `inputs=` or `input_ids=`."""
+    for given in (args[0] if args else None, kwargs.get("inputs"), kwargs.get("input_ids")):
+        if given is not None:
+            return given
+    return None
+
+
 def _heal_tokens(model, args: tuple, kwargs: dict) -> tuple:
     """`token_healing` done here, as generate would (the callable route loses the tokenizer it needs); returns
     `args` with the healed prompt, and turns the option off for the call handed on."""
@@ -144,7 +150,7 @@ def _heal_tokens(model, args: tuple, kwargs: dict) -> tuple:
     tokenizer = kwargs.get("tokenizer")
     if tokenizer is None:
         raise ValueError("`token_healing` needs the tokenizer: pass `tokenizer=` to generate.")
-    kwargs["token_healing"] = False
+    _off_for_this_call(kwargs, token_healing=False)
     if args:
         return (model.heal_tokens(args[0], tokenizer), *args[1:])
     key = "inputs" if kwargs.get("inputs") is not None else "input_ids"
@@ -152,35 +158,64 @@ def _heal_tokens(model, args: tuple, kwargs: dict) -> tuple:
     return args
 
 
-def _stop_strings_as_criteria(model, kwargs: dict):
+def _stop_strings_as_criteria(model, kwargs: dict) -> None:
     """`stop_strings` as a `StopStringCriteria` in `kwargs["stopping_criteria"]`.
 
     On the `custom_generate` callable route transformers drops the tokenizer before it builds the stopping
     criteria ("could not locate a tokenizer"), so the route builds this one criterion itself, exactly as
-    generate would, and takes the strings out of the generation configs generate reads. generate refills unset
-    fields from the model's generation config, so strings set there are taken out for the call: they are
-    returned, for the caller to put back (None when there were none)."""
+    generate would, and turns the strings off for the call it hands on (`_off_for_this_call`)."""
     from transformers.generation import StoppingCriteriaList, StopStringCriteria
 
-    config = kwargs.get("generation_config")
     stop_strings = kwargs.pop("stop_strings", None) or generation_setting(model, kwargs, "stop_strings")
     if not stop_strings:
-        return None
+        return
     tokenizer = kwargs.get("tokenizer")
     if tokenizer is None:
         raise ValueError("`stop_strings` need the tokenizer: pass `tokenizer=` to generate.")
-    if config is not None and config.stop_strings:
-        config = copy.deepcopy(config)
-        config.stop_strings = None
-        kwargs["generation_config"] = config
     criteria = StoppingCriteriaList(kwargs.get("stopping_criteria") or [])
     criteria.append(StopStringCriteria(tokenizer=tokenizer, stop_strings=stop_strings))
     kwargs["stopping_criteria"] = criteria
-    model_stop_strings = model.generation_config.stop_strings
-    if model_stop_strings:
-        model.generation_config.stop_strings = None
-        return model_stop_strings
-    return None
+    _off_for_this_call(kwargs, stop_strings=None)
+
+
+# Options the route does itself (`_off_for_this_call`): a passed generation config's copy keeps them off.
+_DONE_BY_ROUTE = ("stop_strings", "token_healing")
+
+
+def _off_for_this_call(kwargs: dict, **settings) -> None:
+    """Options the route does itself, set as `settings` for the `generate` call it hands on, without changing the
+    model's or the caller's generation config: another call (another thread) may be reading them.
+
+    generate's keyword arguments outrank both configs, so without a passed `generation_config` they go there.
+    With one (generate warns about keyword arguments next to a config), the call gets its own copy holding them;
+    generate fills a passed config's unset (None) fields from the model's generation config, which would bring
+    the model's `stop_strings` back, so the copy's class keeps the route's options out of that fill."""
+    config = kwargs.get("generation_config")
+    if config is None:
+        kwargs.update(settings)
+        return
+    for name in settings:
+        kwargs.pop(name, None)
+    if not getattr(config, "_hf_tev_call_copy", False):
+        config = copy.deepcopy(config)
+        config.__class__ = _call_copy_class(type(config))
+        kwargs["generation_config"] = config
+    for name, value in settings.items():
+        setattr(config, name, value)
+
+
+@functools.cache
+def _call_copy_class(config_class):
+    """`config_class` (a `GenerationConfig` class) whose fill from the model's config skips `_DONE_BY_ROUTE`."""
+
+    def update(self, defaults_only=False, allow_custom_entries=False, **kwargs):
+        if defaults_only:  # the fill of unset fields from the model's generation config and the global defaults
+            kwargs = {name: value for name, value in kwargs.items() if name not in _DONE_BY_ROUTE}
+        return config_class.update(
+            self, defaults_only=defaults_only, allow_custom_entries=allow_custom_entries, **kwargs
+        )
+
+    return type(config_class.__name__, (config_class,), {"update": update, "_hf_tev_call_copy": True})
 
 
 def _mixin(load: bool):

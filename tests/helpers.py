@@ -5,6 +5,7 @@ Test modules import from here (never from one another); fixtures that wrap these
 
 # --- targets, drafters, oracles and statistics (generation and model tests) ---
 
+import contextlib
 import json
 
 import torch
@@ -113,6 +114,27 @@ class Collect(BaseStreamer):
 
     def end(self):
         self.ended = True
+
+
+@contextlib.contextmanager
+def transformers_log():
+    """The messages logged through transformers' logging inside the block (hf_tev's loggers are under it), as
+    its verbosity lets them through. `warning_once` forgets what it said before, so each once-per-process warning
+    shows again in the block."""
+    import logging
+
+    from transformers.utils import logging as transformers_logging
+
+    messages = []
+    handler = logging.Handler()
+    handler.emit = lambda record: messages.append(record.getMessage())
+    library = transformers_logging.get_logger("transformers")
+    transformers_logging.warning_once.cache_clear()
+    library.addHandler(handler)
+    try:
+        yield messages
+    finally:
+        library.removeHandler(handler)
 
 
 # Sampling laws: the exact law of a target's own sampling, and a test of observed counts against it

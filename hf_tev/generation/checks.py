@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import warnings
 
+import torch
 from transformers.cache_utils import DummyLayer, DynamicCache, DynamicLayer, DynamicSlidingWindowLayer
 
 from ..config import TEVConfig, tree_memory_bytes
@@ -107,15 +108,11 @@ def check_inputs(input_ids, model_kwargs) -> None:
             "with attention_mask / position_ids / cache only)."
         )
     attention_mask = model_kwargs.get("attention_mask")
+    check_prompt(input_ids, attention_mask, model_kwargs.get("position_ids"))
     if attention_mask is None:
         return
     if not bool(attention_mask.any()):
         raise ValueError("`attention_mask` masks the whole prompt: there is no token to decode from.")
-    if attention_mask.shape != input_ids.shape:
-        raise ValueError(
-            f"`attention_mask` of shape {tuple(attention_mask.shape)} does not cover `input_ids` of shape "
-            f"{tuple(input_ids.shape)}: hf_tev's tree decoding takes the full sequence and its full mask."
-        )
     if not bool(attention_mask[:, -1].all()):
         rows = (~attention_mask[:, -1].bool()).nonzero()[:, 0].tolist()
         raise ValueError(
@@ -123,6 +120,26 @@ def check_inputs(input_ids, model_kwargs) -> None:
             "prompt); tree decoding takes left-padded prompts whose last token is real "
             "(tokenizer(..., padding_side='left'))."
         )
+
+
+def check_prompt(input_ids, attention_mask=None, position_ids=None) -> None:
+    """Token ids `[R, n]` with, when given, an attention mask and position ids of the same shape. The route checks
+    the caller's before generate runs: generate drops an all-ones mask before the decoder sees it."""
+    if input_ids is None:
+        return
+    if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2 or input_ids.is_floating_point():
+        shape = tuple(input_ids.shape) if isinstance(input_ids, torch.Tensor) else type(input_ids).__name__
+        raise ValueError(
+            f"`input_ids` must be a 2D tensor of token ids [batch, length] (one prompt: `ids[None]` or "
+            f"`tokenizer(..., return_tensors='pt').input_ids`), got {shape}"
+        )
+    for name, value in (("attention_mask", attention_mask), ("position_ids", position_ids)):
+        if isinstance(value, torch.Tensor) and value.shape != input_ids.shape:
+            raise ValueError(
+                f"`{name}` of shape {tuple(value.shape)} does not match `input_ids` of shape "
+                f"{tuple(input_ids.shape)}: hf_tev's tree decoding takes `{name}` for the whole sequence, one row "
+                "per prompt."
+            )
 
 
 def check_cache(cache, input_ids) -> None:

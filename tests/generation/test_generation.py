@@ -328,6 +328,14 @@ def test_seeded_sampling_is_reproducible():
         prompt, do_sample=True, max_new_tokens=20, assistant_model=drafter, tev_config=TEVConfig(budget=8)
     )
     assert a.tolist() == b.tolist()
+    # the ends of the seeds torch takes decode; a negative seed is seed + 2**64, as for torch.Generator
+    ends = [
+        target.generate(
+            prompt, do_sample=True, max_new_tokens=8, assistant_model=drafter, tev_config=TEVConfig(budget=8, seed=s)
+        ).tolist()
+        for s in (-1, 2**64 - 1, -(2**63))
+    ]
+    assert ends[0] == ends[1]
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -618,6 +626,8 @@ def test_stopping_criteria_get_the_scores_plain_generate_passes(output_scores):
         ("tree", "nope", ValueError),
         ("block_size", 1, ValueError),
         ("seed", "7", TypeError),
+        ("seed", 2**64, ValueError),  # torch.Generator.manual_seed takes -2**63 <= seed < 2**64
+        ("seed", -(2**63) - 1, ValueError),
         ("lookup", "yes", TypeError),
         ("lookup_min_ngram", 0, ValueError),
         ("lookup_max_ngram", 65, ValueError),
@@ -693,18 +703,34 @@ def test_drafter_and_target_of_different_dtypes(target_dtype, drafter_dtype):
         ("num_beams", "num_beams"),
         ("masked_prompt", "attention_mask"),
         ("meta_drafter", "meta device"),
+        # generate drops an all-ones mask before the decoder: the route checks the caller's
+        ("longer_mask_of_ones", r"`attention_mask` of shape \(1, 9\) does not match `input_ids` of shape \(1, 5\)"),
+        ("shorter_mask", r"`attention_mask` of shape \(1, 3\)"),
+        ("mask_of_another_batch", r"`attention_mask` of shape \(2, 5\)"),
+        ("longer_position_ids", r"`position_ids` of shape \(1, 9\)"),
+        ("one_dimensional_input_ids", r"`input_ids` must be a 2D tensor .* got \(5,\)"),
+        ("one_dimensional_input_ids_keyword", r"`input_ids` must be a 2D tensor"),
+        ("float_input_ids", r"`input_ids` must be a 2D tensor of token ids"),
     ],
 )
 def test_refusals_name_the_option_before_any_model_call(case, named):
     target = make_target("qwen3")
     drafter = make_drafter(target)
     prompt = torch.tensor([PROMPTS[0]])
+    ones = torch.ones(1, 9, dtype=torch.long)
     kwargs = {
         "guidance_scale": {"guidance_scale": 1.5},
         "inputs_embeds": {"inputs_embeds": target.get_input_embeddings()(prompt)},
         "num_beams": {"num_beams": 3},
         "masked_prompt": {"attention_mask": torch.zeros_like(prompt)},
         "meta_drafter": {},
+        "longer_mask_of_ones": {"attention_mask": ones},
+        "shorter_mask": {"attention_mask": ones[:, :3]},
+        "mask_of_another_batch": {"attention_mask": torch.ones(2, 5, dtype=torch.long)},
+        "longer_position_ids": {"position_ids": torch.arange(9)[None]},
+        "one_dimensional_input_ids": {"inputs": prompt[0]},
+        "one_dimensional_input_ids_keyword": {"input_ids": prompt[0], "inputs": None},
+        "float_input_ids": {"inputs": prompt.float()},
     }[case]
     if case == "meta_drafter":
         drafter = drafter.to("meta")
@@ -713,8 +739,10 @@ def test_refusals_name_the_option_before_any_model_call(case, named):
         raise AssertionError("a model was called before the refusal")
 
     target.register_forward_pre_hook(called)
+    drafter.register_forward_pre_hook(called)
+    inputs = kwargs.pop("inputs", prompt)
     with pytest.raises(ValueError, match=named):
-        greedy(target, prompt, max_new_tokens=4, assistant_model=drafter, **kwargs)
+        greedy(target, inputs, max_new_tokens=4, assistant_model=drafter, **kwargs)
 
 
 def test_the_full_block_is_drafted_near_max_length():

@@ -1,15 +1,17 @@
 """The `generate` route: lazy imports, reload idempotence, a foreign wrapper, the custom_generate entries."""
 
+import copy
 import functools
 import importlib
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
 import torch
-from helpers import Collect, make_drafter, make_target
-from transformers import GenerationMixin
+from helpers import Collect, make_drafter, make_target, transformers_log
+from transformers import GenerationMixin, StoppingCriteria
 
 import hf_tev
 from hf_tev import TEVConfig
@@ -242,9 +244,96 @@ def test_stop_strings_from_the_model_generation_config_and_tokenizer_options_wit
         tev_config={"budget": 4},
     )
     assert out.tolist() == plain.tolist() and plain.shape[1] < prompt.shape[1] + 24
-    assert target.generation_config.stop_strings == stop  # put back after the call
+    assert target.generation_config.stop_strings == stop  # never changed
     with pytest.raises(ValueError, match="stop_strings"):
         target.generate(prompt, max_new_tokens=4, assistant_model=drafter)
     target.generation_config.stop_strings = None
     with pytest.raises(ValueError, match="token_healing"):
         target.generate(prompt, max_new_tokens=4, assistant_model=drafter, token_healing=True)
+
+
+def kit_stop_case():
+    """The kit target, drafter and tokenizer, a prompt, and a stop string inside its greedy continuation."""
+    from hf_tev.kit import load_kit_model, load_kit_tokenizer
+
+    target, tokenizer = load_kit_model("target"), load_kit_tokenizer()
+    prompt = tokenizer("def fibonacci(n):\n", return_tensors="pt").input_ids
+    text = tokenizer.decode(target.generate(prompt, do_sample=False, max_new_tokens=24)[0, prompt.shape[1] :])
+    return target, load_kit_model("drafter-dflash-l135"), tokenizer, prompt, [text.strip().split()[1]]
+
+
+class HoldFirstCall(StoppingCriteria):
+    """A stopping criterion that, on its first call, says so (`inside`) and waits until `release` is set."""
+
+    def __init__(self):
+        self.inside, self.release = threading.Event(), threading.Event()
+
+    def __call__(self, input_ids, scores, **kwargs):
+        if not self.inside.is_set():
+            self.inside.set()
+            assert self.release.wait(timeout=120)
+        return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+
+
+@pytest.mark.parametrize("passed_config", [False, True])
+def test_a_tree_decoding_call_leaves_the_models_stop_strings_to_other_threads(passed_config):
+    from transformers import GenerationConfig
+
+    target, drafter, tokenizer, prompt, stop = kit_stop_case()
+    target.generation_config.stop_strings = stop
+    common = dict(do_sample=False, max_new_tokens=24, tokenizer=tokenizer)
+    if passed_config:  # generate fills the passed config's unset stop strings from the model's
+        common = dict(generation_config=GenerationConfig(do_sample=False, max_new_tokens=24), tokenizer=tokenizer)
+    plain = target.generate(prompt, **common)
+    assert plain.shape[1] < prompt.shape[1] + 24  # the model's stop strings stop it
+    hold, results = HoldFirstCall(), {}
+
+    def first():  # tree decoding, held inside its decoding loop
+        results["first"] = target.generate(
+            prompt, **common, assistant_model=drafter, tev_config={"budget": 4}, stopping_criteria=[hold]
+        )
+
+    thread = threading.Thread(target=first)
+    thread.start()
+    try:
+        assert hold.inside.wait(timeout=120)
+        assert target.generation_config.stop_strings == stop
+        during = [  # other calls while the first one decodes: plain, then tree decoding
+            target.generate(prompt, **common),
+            target.generate(prompt, **common, assistant_model=drafter, tev_config={"budget": 4}),
+        ]
+    finally:
+        hold.release.set()
+        thread.join(timeout=120)
+    assert [out.tolist() for out in during] == [plain.tolist()] * 2
+    assert results["first"].tolist() == plain.tolist()
+
+
+@pytest.mark.parametrize("model_has_them", [True, False])
+def test_stop_strings_and_token_healing_with_a_passed_generation_config_leave_both_configs_alone(model_has_them):
+    from transformers import GenerationConfig
+
+    target, drafter, tokenizer, prompt, stop = kit_stop_case()
+    passed = GenerationConfig(do_sample=False, max_new_tokens=24, stop_strings=None if model_has_them else stop)
+    if model_has_them:
+        target.generation_config.stop_strings = stop
+    before = (copy.deepcopy(passed.to_dict()), copy.deepcopy(target.generation_config.to_dict()))
+    plain = target.generate(prompt, generation_config=passed, tokenizer=tokenizer)
+    assert plain.shape[1] < prompt.shape[1] + 24
+    with transformers_log() as messages:
+        out = target.generate(
+            prompt, generation_config=passed, tokenizer=tokenizer, assistant_model=drafter, tev_config={"budget": 4}
+        )
+    assert out.tolist() == plain.tolist()
+    assert not [m for m in messages if "deprecated" in m]  # no keyword arguments added next to the config
+    assert (passed.to_dict(), target.generation_config.to_dict()) == before
+    assert type(passed) is GenerationConfig
+    # token healing from a passed config: healed by the route, the config untouched
+    healing = GenerationConfig(do_sample=False, max_new_tokens=8, token_healing=True)
+    expected = target.generate(prompt, generation_config=healing, tokenizer=tokenizer)
+    with transformers_log() as messages:
+        out = target.generate(
+            prompt, generation_config=healing, tokenizer=tokenizer, assistant_model=drafter, tev_config={"budget": 4}
+        )
+    assert out.tolist() == expected.tolist() and healing.token_healing is True
+    assert not [m for m in messages if "deprecated" in m]
