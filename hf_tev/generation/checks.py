@@ -6,13 +6,14 @@ settings only.
 
 from __future__ import annotations
 
-import warnings
-
 import torch
 from transformers.cache_utils import DummyLayer, DynamicCache, DynamicLayer, DynamicSlidingWindowLayer
+from transformers.utils import logging
 
 from ..config import TEVConfig, tree_memory_bytes
 from ..target_layers import check_tree_layers, sliding_window
+
+logger = logging.get_logger(__name__)
 
 TREE_ATTENTION = ("sdpa", "eager")  # implementations that take an arbitrary float 4D mask
 TREE_MEMORY_WARNING_BYTES = 1 << 30  # a call whose largest tree takes more per cycle warns with the estimate
@@ -71,7 +72,7 @@ def check_supported(model, drafter, input_ids, generation_config, tev_config: TE
     check_tree_layers(model)  # target layers that cannot branch in a tree pass, before their cache is looked at
     check_cache(model_kwargs.get("cache"), input_ids)
     check_pair(model, drafter, tev_config)
-    warn_tree_memory(model, drafter, generation_config, tev_config)
+    warn_tree_memory(model, drafter, generation_config, tev_config, input_ids.shape[0])
 
 
 def check_drafter(drafter, tev_config: TEVConfig) -> None:
@@ -182,20 +183,21 @@ def check_pair(model, drafter, tev_config: TEVConfig) -> None:
         )
 
 
-def warn_tree_memory(model, drafter, generation_config, tev_config: TEVConfig) -> None:
-    """Warn, with the estimate, when the largest tree takes more than `TREE_MEMORY_WARNING_BYTES` per cycle."""
+def warn_tree_memory(model, drafter, generation_config, tev_config: TEVConfig, rows: int = 1) -> None:
+    """Warn, with the estimate, when a cycle's largest trees (one per prompt of the batch) take more than
+    `TREE_MEMORY_WARNING_BYTES`. The probe of `budget="auto"` passes no more tokens per row than its largest tree
+    (docs/auto_budget.md), so the estimate covers it too."""
     nodes = tev_config.largest_tree + 1
     if tev_config.tree == "chain" and drafter is not None and not tev_config.lookup:
         nodes = min(nodes, (tev_config.block_size or drafter.config.block_size))
     vocab = model.get_output_embeddings().weight.shape[0]
-    estimate = tree_memory_bytes(nodes, vocab, generation_config.max_length, model.dtype.itemsize)
+    estimate = rows * tree_memory_bytes(nodes, vocab, generation_config.max_length, model.dtype.itemsize)
     if estimate > TREE_MEMORY_WARNING_BYTES:
-        warnings.warn(
-            f"TEVConfig: a tree of {nodes} nodes takes about {estimate / 2**30:.1f} GiB per cycle ({nodes} x "
-            f"{vocab} logits in several copies, and a {nodes} x {generation_config.max_length + nodes} mask); "
-            "lower `budget` (or `max_budget` for budget='auto') if that is too much.",
-            UserWarning,
-            stacklevel=4,
+        trees = f"a tree of {nodes} nodes" if rows == 1 else f"a batch of {rows} trees of {nodes} nodes"
+        logger.warning_once(
+            f"TEVConfig: {trees} takes about {estimate / 2**30:.1f} GiB per cycle ({rows} x {nodes} x {vocab} "
+            f"logits in several copies, and {rows} x {nodes} x {generation_config.max_length + nodes} mask "
+            "entries); lower `budget` (or `max_budget` for budget='auto'), or the batch, if that is too much."
         )
 
 

@@ -9,8 +9,6 @@ processor class is warned about once (docs/usage.md#logits-processors).
 
 from __future__ import annotations
 
-import warnings
-
 import torch
 from transformers.generation import (
     EncoderNoRepeatNGramLogitsProcessor,
@@ -41,8 +39,11 @@ from transformers.generation import (
     TypicalLogitsWarper,
     WatermarkLogitsProcessor,
 )
+from transformers.utils import logging
 
 from ..tree import DraftTree
+
+logger = logging.get_logger(__name__)
 
 # Processors whose output for a row depends only on that row's scores (not on input_ids or its length): all
 # tree nodes go through them in one call (exact types: a subclass may read input_ids).
@@ -97,7 +98,6 @@ INPUT_IDS_PURE_PROCESSORS = ROW_WISE_PROCESSORS | {
     WatermarkLogitsProcessor,
     PerRowPrefixConstraint,
 }
-_WARNED_PROCESSORS: set = set()  # classes already warned about (once per process, like warnings' default)
 
 
 def processors_for_tree(logits_processor) -> LogitsProcessorList:
@@ -110,15 +110,12 @@ def processors_for_tree(logits_processor) -> LogitsProcessorList:
         if type(processor) is PrefixConstrainedLogitsProcessor:
             processor = PerRowPrefixConstraint(processor)
         kind = type(processor)
-        if kind not in INPUT_IDS_PURE_PROCESSORS and kind not in _WARNED_PROCESSORS:
-            _WARNED_PROCESSORS.add(kind)
-            warnings.warn(
+        if kind not in INPUT_IDS_PURE_PROCESSORS:  # once per class and process
+            logger.warning_once(
                 f"hf_tev tree decoding calls logits processors once per tree depth per cycle, each row one tree node "
                 f"with that node's own input_ids (committed tokens + its path). {kind.__name__} is not one of "
                 "transformers' row-wise or input_ids-pure processors: if it keeps state across calls (counts "
-                "calls, remembers earlier rows), its output differs from plain generate.",
-                UserWarning,
-                stacklevel=4,
+                "calls, remembers earlier rows), its output differs from plain generate."
             )
         processors.append(processor)
     return processors

@@ -3,10 +3,12 @@
 import copy
 import dataclasses
 import math
+import re
 import warnings
 
 import pytest
 import torch
+import transformers
 from helpers import (
     RecordingStreamer,
     TemperatureLike,
@@ -15,6 +17,7 @@ from helpers import (
     greedy,
     make_drafter,
     make_target,
+    transformers_log,
     with_oracle,
 )
 from transformers import (
@@ -537,20 +540,21 @@ def test_logits_processor_contract_warns_once_and_pure_ones_match_plain():
     prompt = torch.tensor([PROMPTS[0]])
     drafter = make_drafter(target)
     counting = CountingProcessor()
-    with pytest.warns(UserWarning, match="own input_ids"):
-        greedy(
-            target, prompt, max_new_tokens=8, logits_processor=LogitsProcessorList([counting]), assistant_model=drafter
-        )
+    with transformers_log() as messages:
+        for _ in range(2):  # once per class
+            greedy(
+                target,
+                prompt,
+                max_new_tokens=8,
+                logits_processor=LogitsProcessorList([counting]),
+                assistant_model=drafter,
+            )
+    assert len([m for m in messages if "own input_ids" in m and "CountingProcessor" in m]) == 1
     assert counting.calls > 0
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # once per class
-        greedy(
-            target, prompt, max_new_tokens=4, logits_processor=LogitsProcessorList([counting]), assistant_model=drafter
-        )
     # a pure processor (here a subclass of a row-wise warper that reads input_ids) gives plain generate's output
     processors = LogitsProcessorList([PenalizeLastToken()])
     expected = greedy(target, prompt, max_new_tokens=20, logits_processor=processors)
-    with pytest.warns(UserWarning, match="PenalizeLastToken"):
+    with transformers_log() as messages:
         out = greedy(
             target,
             prompt,
@@ -560,7 +564,33 @@ def test_logits_processor_contract_warns_once_and_pure_ones_match_plain():
             tev_config=TEVConfig(budget=8),
             return_dict_in_generate=True,
         )
+    assert any("PenalizeLastToken" in m for m in messages)
     assert out.sequences.tolist() == expected.tolist() and max(out.tev_stats.accepted_lengths) > 2
+
+
+def test_warnings_obey_transformers_verbosity(monkeypatch):
+    from hf_tev import generation
+
+    target = make_target("qwen3")
+    monkeypatch.setattr(generation.checks, "TREE_MEMORY_WARNING_BYTES", 1000)
+    kwargs = dict(
+        max_new_tokens=4,
+        logits_processor=LogitsProcessorList([CountingProcessor()]),
+        assistant_model=make_drafter(target),
+        tev_config=TEVConfig(budget=8),
+    )
+    verbosity = transformers.logging.get_verbosity()
+    try:
+        transformers.logging.set_verbosity_error()
+        with transformers_log() as messages, warnings.catch_warnings():
+            warnings.simplefilter("error")  # and no Python warning either
+            greedy(target, torch.tensor([PROMPTS[0]]), **kwargs)
+        assert messages == []
+    finally:
+        transformers.logging.set_verbosity(verbosity)
+    with transformers_log() as messages:
+        greedy(target, torch.tensor([PROMPTS[0]]), **kwargs)
+    assert any("GiB per cycle" in m for m in messages) and any("CountingProcessor" in m for m in messages)
 
 
 def test_prefix_allowed_tokens_fn_gets_the_batch_row_and_the_nodes_own_sequence():
@@ -665,7 +695,7 @@ def test_budget_bound_and_memory_warning(monkeypatch):
     assert config.tree_memory_bytes(10_001, 4096, 10_064, 4) > 2**30 - 2**28
     target = make_target("qwen3")
     monkeypatch.setattr(generation.checks, "TREE_MEMORY_WARNING_BYTES", 1000)
-    with pytest.warns(UserWarning, match=r"tree of 9 nodes takes about .* GiB per cycle"):
+    with transformers_log() as messages:
         greedy(
             target,
             torch.tensor([PROMPTS[0]]),
@@ -673,6 +703,22 @@ def test_budget_bound_and_memory_warning(monkeypatch):
             assistant_model=make_drafter(target),
             tev_config=TEVConfig(budget=8),
         )
+    assert any(re.search(r"a tree of 9 nodes takes about .* GiB per cycle", m) for m in messages)
+    # a batch holds a tree per row: the estimate counts the rows
+    one_tree = config.tree_memory_bytes(9, 96, 5 + 4, 4)
+    monkeypatch.setattr(generation.checks, "TREE_MEMORY_WARNING_BYTES", 3 * one_tree)
+    for rows, warned in ((3, False), (4, True)):
+        with transformers_log() as messages:
+            greedy(
+                target,
+                torch.tensor([PROMPTS[0]] * rows),
+                max_new_tokens=4,
+                assistant_model=make_drafter(target),
+                tev_config=TEVConfig(budget=8),
+            )
+        found = [m for m in messages if "GiB per cycle" in m]
+        assert bool(found) == warned, (rows, found)
+    assert "a batch of 4 trees of 9 nodes" in found[0]
 
 
 @pytest.mark.parametrize(
