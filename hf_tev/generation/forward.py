@@ -76,10 +76,14 @@ def tree_forward(model, tokens, cache, mask, position_ids: torch.LongTensor, hid
     )
 
 
-def probe_tree_costs(model, cache, inputs, roots, first_positions, hidden_indices, max_tokens: int, repeats: int = 2):
+def probe_tree_costs(
+    model, cache, inputs, roots, first_positions, hidden_indices, max_tokens: int, max_ratio=math.inf, repeats=2
+):
     """Seconds of target tree passes over 1, 2, 4, ... `max_tokens` tokens per row at the current context (the
     best of `repeats`), the cache left as it was: the automatic budget's shape of t_tree, measured once per
-    target, device, dtype, thread count and batch size.
+    target, device, dtype, thread count and batch size. The probe stops after the first size whose pass takes
+    more than `max_ratio` passes of one token per row: no larger tree can pay (`auto.probe_ratio`), and the cost
+    model prices larger ones by extending the last probed sizes.
 
     Args:
         inputs: the call's tree-pass inputs (`cache.PromptTreeInputs` or `cache.BatchTreeInputs`).
@@ -103,4 +107,6 @@ def probe_tree_costs(model, cache, inputs, roots, first_positions, hidden_indice
             best = min(best, clock.lap())
             cache.crop(past - cache.get_seq_length())
         seconds.append(best)
-    return sizes, seconds
+        if best > max_ratio * seconds[0]:
+            break
+    return sizes[: len(seconds)], seconds

@@ -23,7 +23,7 @@ import torch
 from ..config import TEVConfig, TEVStats
 from ..target_layers import full_length_cache
 from ..verify import VERIFIERS, target_flow
-from .auto import TreeSizes, automatic_budget
+from .auto import TreeSizes, automatic_budget, probe_ratio
 from .cache import BatchTreeInputs, PromptTreeInputs
 from .candidates import TreeCandidateGenerator
 from .checks import check_batch, check_batch_target, check_supported
@@ -154,7 +154,7 @@ def start(model, drafter, input_ids, logits_processor, stopping_criteria, genera
     budget = None
     if tev_config.is_auto:
         budget = automatic_budget(model, drafter, tev_config, generation_config, batch)
-        probe_once(budget, model, cache, inputs, rows, candidates.hidden_indices)
+        probe_once(budget, model, cache, inputs, rows, candidates.hidden_indices, probe_ratio(tev_config, drafter))
     prefill_s = clock.lap()
     for row in [*rows, *done.values()]:
         row.stats.prefill_time = prefill_s
@@ -184,13 +184,14 @@ def first_roots(input_ids, raw, positions, processors, stopping_criteria, genera
     return rows, done
 
 
-def probe_once(budget, model, cache, inputs, rows: list[Row], hidden_indices) -> None:
-    """The automatic budget's tree-pass cost curve, measured on the first call for these models and settings."""
+def probe_once(budget, model, cache, inputs, rows: list[Row], hidden_indices, max_ratio: float) -> None:
+    """The automatic budget's tree-pass cost curve, measured on the first call for these models and settings (up
+    to the size no tree can repay, `auto.probe_ratio`)."""
     if rows and not budget.cost.probed:
         roots, first_positions = [row.root for row in rows], [row.next_position for row in rows]
         max_tokens = budget.max_budget + 1
         budget.cost.set_probe(
-            *probe_tree_costs(model, cache, inputs, roots, first_positions, hidden_indices, max_tokens)
+            *probe_tree_costs(model, cache, inputs, roots, first_positions, hidden_indices, max_tokens, max_ratio)
         )
 
 
