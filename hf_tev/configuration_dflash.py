@@ -7,7 +7,8 @@ top-level `block_size` and `num_target_layers`, and a `dflash_config` dict holdi
 can live, exposes them as plain attributes (`config.block_size`, `config.mask_token_id`,
 `config.target_layer_ids`, which is also what transformers' native `speculation_type="dflash"` path reads),
 and writes the published layout back, including the legacy rope fields transformers 4.x reads
-(`rope_theta`, `rope_scaling`), so saved drafters stay loadable by the publishers' code.
+(`rope_theta`, and `rope_scaling` for a rope that is not the default one), so saved drafters stay loadable by the
+publishers' code and reload in transformers 5 without a deprecation warning.
 
 Newer DFlash variants add fields (sliding-window draft layers, logit soft-capping, convolution and
 selector modules, ...). What this implementation does not compute is refused with an error naming the
@@ -121,19 +122,22 @@ class DFlashConfig(Qwen3Config):
         if "block_size" in nested:  # keep it where the loaded checkpoint had it; always also at top level
             nested["block_size"] = output["block_size"]
         output["dflash_config"] = nested
+        output.pop("rope_scaling", None)
         output.update(_legacy_rope_fields(output.get("rope_parameters")))
         return output
 
 
 def _legacy_rope_fields(rope_parameters: dict | None) -> dict[str, Any]:
-    # transformers 4.x (the publishers' code) reads `rope_theta` / `rope_scaling`, not `rope_parameters`.
+    """`rope_theta`, and `rope_scaling` for a rope that is not the default one: transformers 4.x (the publishers'
+    code) reads them, not `rope_parameters`. A default rope writes no `rope_scaling` (4.x takes its absence as
+    none): a `"rope_scaling": null` makes transformers 5 warn that `rope_scaling` is deprecated whenever a plain
+    `PreTrainedConfig` reads the file, as `Trainer` does when it resumes from a checkpoint."""
     if not rope_parameters or "rope_theta" not in rope_parameters:
         return {}
     scaling = {k: v for k, v in rope_parameters.items() if k != "rope_theta"}
-    return {
-        "rope_theta": rope_parameters["rope_theta"],
-        "rope_scaling": None if scaling.get("rope_type", "default") == "default" and len(scaling) <= 1 else scaling,
-    }
+    if scaling.get("rope_type", "default") == "default" and len(scaling) <= 1:
+        return {"rope_theta": rope_parameters["rope_theta"]}
+    return {"rope_theta": rope_parameters["rope_theta"], "rope_scaling": scaling}
 
 
 def _refuse_unsupported(config: DFlashConfig, extra: dict[str, Any]) -> None:

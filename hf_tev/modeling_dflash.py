@@ -17,12 +17,9 @@ Checkpoints load from and save to the published layout (`layers.N...`, `fc.weigh
 `norm.weight`), from safetensors only, strictly.
 """
 
-import json
-import os
 from collections.abc import Callable
 
 import torch
-from huggingface_hub.utils import HFValidationError, validate_repo_id
 from torch import nn
 from transformers import DynamicCache, PreTrainedModel
 from transformers.cache_utils import Cache
@@ -37,14 +34,17 @@ from transformers.models.qwen3.modeling_qwen3 import (
     eager_attention_forward,
     rotate_half,
 )
-from transformers.utils import cached_file
 from transformers.utils.deprecation import deprecate_kwarg
 
 from .configuration_dflash import DFlashConfig, default_target_layer_ids
+from .dflash_files import check_tensor_dtypes, safetensors_files
 
-SAFE_WEIGHTS_NAME, SAFE_INDEX_NAME = "model.safetensors", "model.safetensors.index.json"
-SAFE_WEIGHTS_NAMES = (SAFE_WEIGHTS_NAME, SAFE_INDEX_NAME)
-PICKLE_WEIGHTS_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
+NOT_AN_ASSISTANT = (
+    "DFlashDraftModel is a DFlash drafter, not a classic assistant model: transformers' assisted generation cannot "
+    "run it (it has no generation_config and does not generate alone). Decode with hf_tev's draft trees "
+    "(`import hf_tev; hf_tev.enable()`, then `generate(..., assistant_model=drafter)`), or pass "
+    '`speculation_type="dflash"` for transformers\' own DFlash chain.'
+)
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -131,6 +131,14 @@ class DFlashDraftModel(PreTrainedModel):
         self.fc = nn.Linear(len(config.target_layer_ids) * config.hidden_size, config.hidden_size, bias=False)
         self.hidden_norm = Qwen3RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.post_init()
+
+    def __getattr__(self, name: str):
+        # A drafter has no generation config: transformers' classic assisted generation reads the assistant's
+        # first, so a `generate(assistant_model=<this>)` that hf_tev does not route stops here with what to do.
+        # An AttributeError, so that `hasattr(drafter, "generation_config")` stays False (the Trainer asks).
+        if name == "generation_config":
+            raise AttributeError(NOT_AN_ASSISTANT)
+        return super().__getattr__(name)
 
     # ------------------------------------------------------------------ forward
 
@@ -353,7 +361,7 @@ class DFlashDraftModel(PreTrainedModel):
         naming it."""
         if kwargs.get("use_safetensors") is False:
             raise ValueError("DFlashDraftModel loads safetensors only (use_safetensors=False is not supported)")
-        _check_tensor_dtypes(_safetensors_files(pretrained_model_name_or_path, kwargs))
+        check_tensor_dtypes(safetensors_files(pretrained_model_name_or_path, kwargs))
         want_info = kwargs.pop("output_loading_info", False)
         kwargs.update(use_safetensors=True, ignore_mismatched_sizes=True)  # mismatches are reported below
         model, info = super().from_pretrained(
@@ -458,130 +466,3 @@ def _check_from_target_arguments(text_config, target, num_layers, block_size, ma
                 f"from_target(target_layer_ids={target_layer_ids!r}): must be a non-empty list of the target's "
                 f"layer indices, each in [0, {layers})"
             )
-
-
-def _safetensors_files(path, kwargs) -> list[str]:
-    """The local paths of a checkpoint's safetensors weight files (downloaded to the cache for a Hub id).
-
-    Refuses, before transformers considers them: a local path that does not exist, a folder without
-    `config.json`, pickle weights, and a safetensors index whose shards are not safetensors files.
-    """
-    path = str(path)
-    subfolder = kwargs.get("subfolder") or ""
-    if os.path.isfile(path):
-        if not path.endswith(".safetensors"):
-            raise ValueError(f"{path}: DFlashDraftModel loads safetensors weights only, refusing a pickle file")
-        return [path]
-    if os.path.isdir(path):
-        return _folder_safetensors_files(path, subfolder)
-    if _is_local_path(path):
-        raise OSError(f"{path}: no such folder (and not a Hub repo id of the form 'owner/name')")
-    return _hub_safetensors_files(path, kwargs)
-
-
-def _folder_safetensors_files(path: str, subfolder: str) -> list[str]:
-    """A local checkpoint folder's safetensors weight files (its `subfolder`), refusing pickle weights."""
-    folder = os.path.join(path, subfolder) if subfolder else path
-    if not os.path.isdir(folder):
-        raise OSError(f"{path} has no subfolder {subfolder!r}")
-    if not os.path.isfile(os.path.join(folder, "config.json")):
-        raise OSError(
-            f"{folder} has no config.json: not a saved DFlash drafter (save_pretrained writes config.json "
-            "next to model.safetensors)"
-        )
-    if os.path.isfile(os.path.join(folder, SAFE_WEIGHTS_NAME)):
-        return [os.path.join(folder, SAFE_WEIGHTS_NAME)]
-    if os.path.isfile(os.path.join(folder, SAFE_INDEX_NAME)):
-        shards = _index_shards(os.path.join(folder, SAFE_INDEX_NAME), folder)
-        missing = [shard for shard in shards if not os.path.isfile(os.path.join(folder, shard))]
-        if missing:
-            raise OSError(f"{folder}: {SAFE_INDEX_NAME} names shards that are not there: {missing}")
-        return [os.path.join(folder, shard) for shard in shards]
-    pickles = sorted(f for f in os.listdir(folder) if f.endswith(PICKLE_WEIGHTS_SUFFIXES))
-    raise ValueError(
-        f"{folder} has no model.safetensors; DFlashDraftModel loads safetensors weights only and "
-        f"refuses pickle weights{' (found ' + ', '.join(pickles) + ')' if pickles else ''}. "
-        "Convert them with safetensors first."
-    )
-
-
-def _hub_safetensors_files(path: str, kwargs) -> list[str]:
-    """A Hub checkpoint's safetensors weight files, downloaded to the cache (or found there)."""
-    hub_kwargs = {
-        k: kwargs[k]
-        for k in ("revision", "token", "cache_dir", "local_files_only", "subfolder", "force_download", "proxies")
-        if k in kwargs
-    }
-
-    def fetch(name):
-        return cached_file(
-            path,
-            name,
-            _raise_exceptions_for_missing_entries=False,
-            _raise_exceptions_for_gated_repo=False,
-            **hub_kwargs,
-        )
-
-    if fetch("config.json") is None:
-        raise OSError(f"{path}: no DFlash checkpoint found (no config.json locally, in the cache or on the Hub)")
-    single = fetch(SAFE_WEIGHTS_NAME)
-    if single is not None:
-        return [single]
-    index = fetch(SAFE_INDEX_NAME)
-    if index is None:
-        raise ValueError(
-            f"{path} has no model.safetensors (or index); DFlashDraftModel loads safetensors weights "
-            "only and refuses pickle weights such as pytorch_model.bin"
-        )
-    files = []
-    for shard in _index_shards(index, path):
-        local = fetch(shard)
-        if local is None:
-            raise OSError(f"{path}: {SAFE_INDEX_NAME} names a shard that is not there: {shard}")
-        files.append(local)
-    return files
-
-
-def _index_shards(index_file: str, where: str) -> list[str]:
-    """The shard files a safetensors index points at; ValueError when any of them is not a safetensors file."""
-    with open(index_file, encoding="utf-8") as f:
-        weight_map = json.load(f).get("weight_map") or {}
-    shards = sorted(set(weight_map.values()))
-    not_safe = [shard for shard in shards if not shard.endswith(".safetensors")]
-    if not_safe:
-        raise ValueError(
-            f"{where}: {SAFE_INDEX_NAME} points at non-safetensors shards {not_safe}; DFlashDraftModel loads "
-            "safetensors weights only and refuses pickle weights"
-        )
-    if not shards:
-        raise ValueError(f"{where}: {SAFE_INDEX_NAME} has an empty weight_map")
-    return shards
-
-
-def _is_local_path(path: str) -> bool:
-    """Whether `path`, which does not exist, can only have meant a local folder (not a Hub repo id)."""
-    if os.path.isabs(path) or path.startswith((".", "~")):
-        return True
-    try:  # a Hub id is 'name' or 'owner/name'
-        validate_repo_id(path)
-    except HFValidationError:
-        return True
-    return False
-
-
-def _check_tensor_dtypes(files: list[str]) -> None:
-    """Refuse checkpoint tensors that are not floating point (an int tensor would load as garbage or zeros)."""
-    from safetensors import safe_open
-
-    wrong = []
-    for file in files:
-        with safe_open(file, framework="pt") as f:
-            for name in f.keys():  # noqa: SIM118 (safe_open is not iterable)
-                dtype = f.get_slice(name).get_dtype()
-                if not dtype.startswith(("F", "BF")):
-                    wrong.append(f"{name} ({dtype})")
-    if wrong:
-        raise ValueError(
-            f"DFlash drafter checkpoint has tensors that are not floating point: {', '.join(sorted(wrong))}; "
-            "every DFlash weight is a float (F32 / F16 / BF16)"
-        )

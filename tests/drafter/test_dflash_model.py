@@ -142,8 +142,8 @@ def test_save_pretrained_round_trip_is_bit_identical(tmp_path):
         "use_sliding_window",
         "sliding_window",
     ):
-        assert config[key] == original[key], key
-    assert config["dtype"] == "bfloat16"
+        assert config.get(key) == original[key], key  # a null rope_scaling is left out (4.x reads it as null)
+    assert config["dtype"] == "bfloat16" and "rope_scaling" not in config
 
     reloaded = DFlashDraftModel.from_pretrained(tmp_path / "saved")
     reloaded.save_pretrained(tmp_path / "again")
@@ -429,36 +429,92 @@ def test_refuses_pickle_only_folder(tmp_path):
         DFlashDraftModel.from_pretrained(folder)
 
 
+def cached_repo(cache, name, files_writer, absent=()):
+    """A Hub repo `org/<name>` in the Hub cache folder `cache`, its snapshot written by `files_writer`; the files
+    in `absent` are recorded as not in the repo, as the cache records what the Hub answered."""
+    repo = cache / f"models--org--{name}"
+    files_writer(repo / "snapshots" / ("a" * 40))
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("a" * 40)
+    for file in absent:
+        (repo / ".no_exist" / ("a" * 40)).mkdir(parents=True, exist_ok=True)
+        (repo / ".no_exist" / ("a" * 40) / file).touch()
+
+
 def test_hub_id_loads_from_cache_and_refuses_pickle_only_repo(tmp_path):
     """Hub ids go through the same safetensors-only rule (an offline fake Hub cache stands in for the Hub)."""
-
-    def cached_repo(name, files_writer):
-        repo = tmp_path / "hub" / f"models--org--{name}"
-        files_writer(repo / "snapshots" / ("a" * 40))
-        (repo / "refs").mkdir()
-        (repo / "refs" / "main").write_text("a" * 40)
 
     def pickled(folder):
         folder.mkdir(parents=True)
         (folder / "config.json").write_text(json.dumps(published_config()))
         torch.save(published_weights(2, 2), folder / "pytorch_model.bin")
 
-    cached_repo("good", lambda folder: write_checkpoint(folder, published_config(), published_weights(2, 2)))
-    cached_repo("pickled", pickled)
-    hub = dict(cache_dir=tmp_path / "hub", local_files_only=True)
+    cache = tmp_path / "hub"
+    cached_repo(cache, "good", lambda folder: write_checkpoint(folder, published_config(), published_weights(2, 2)))
+    no_safetensors = ("model.safetensors", "model.safetensors.index.json")
+    cached_repo(cache, "pickled", pickled, absent=no_safetensors)
+    hub = dict(cache_dir=cache, local_files_only=True)
     assert DFlashDraftModel.from_pretrained("org/good", **hub).config.target_layer_ids == [1, 3]
     with pytest.raises(ValueError, match=r"org/pickled has no model\.safetensors.*refuses pickle"):
         DFlashDraftModel.from_pretrained("org/pickled", **hub)
-    with pytest.raises(OSError, match="no DFlash checkpoint found"):
-        DFlashDraftModel.from_pretrained("org/absent", **hub)
 
     def index_to_bin(folder):
         write_checkpoint(folder, published_config(), published_weights(2, 2))
         _index_to_bin(folder)
 
-    cached_repo("binshards", index_to_bin)
+    cached_repo(cache, "binshards", index_to_bin, absent=["model.safetensors"])
     with pytest.raises(ValueError, match=r"org/binshards: model\.safetensors\.index\.json points at non-safetensors"):
         DFlashDraftModel.from_pretrained("org/binshards", **hub)
+
+    def sharded(folder):
+        write_checkpoint(folder, published_config(), published_weights(2, 2))
+        _shard(folder)
+
+    cached_repo(cache, "sharded", sharded, absent=["model.safetensors"])
+    assert DFlashDraftModel.from_pretrained("org/sharded", **hub).config.target_layer_ids == [1, 3]
+
+
+def test_hub_errors_are_transformers_own_with_what_was_needed(tmp_path, monkeypatch):
+    """Offline mode, a gated repo, a missing repo: transformers' words, then the file DFlashDraftModel needed."""
+    import httpx2
+    import transformers.utils.hub
+    from huggingface_hub import constants
+    from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)  # HF_HUB_OFFLINE=1 (the constant is read at import)
+    cache = tmp_path / "hub"
+    cache.mkdir()
+    with pytest.raises(OSError, match=r"(?s)offline mode.*from_pretrained\('z-lab/Qwen3-4B-DFlash-b16'\) needs config"):
+        DFlashDraftModel.from_pretrained("z-lab/Qwen3-4B-DFlash-b16", cache_dir=cache)
+
+    def config_only(folder):
+        folder.mkdir(parents=True)
+        (folder / "config.json").write_text(json.dumps(published_config()))
+
+    cached_repo(cache, "weights-not-cached", config_only)  # offline, the weights cannot be fetched: not "no weights"
+    with pytest.raises(OSError, match=r"(?s)offline mode.*needs model\.safetensors: the drafter's weights"):
+        DFlashDraftModel.from_pretrained("org/weights-not-cached", cache_dir=cache)
+
+    request = httpx2.Request("GET", "https://huggingface.co/org/private/resolve/main/config.json")
+    for error, said in [
+        (
+            GatedRepoError(
+                "Access to model org/private is restricted.", response=httpx2.Response(401, request=request)
+            ),
+            r"(?s)gated repo.*org/private is restricted.*needs config\.json",
+        ),
+        (
+            RepositoryNotFoundError("Repository Not Found", response=httpx2.Response(404, request=request)),
+            r"(?s)org/private is not a local folder and is not a valid model identifier.*needs config\.json",
+        ),
+    ]:
+
+        def hub_answers(*args, error=error, **kwargs):
+            raise error
+
+        monkeypatch.setattr(transformers.utils.hub, "hf_hub_download", hub_answers)
+        with pytest.raises(OSError, match=said):
+            DFlashDraftModel.from_pretrained("org/private", cache_dir=cache)
 
 
 def test_refuses_missing_unexpected_and_misshaped_weights(tmp_path):
@@ -608,8 +664,9 @@ def test_loading_problems_get_their_own_message(checkpoint, tmp_path, damage, er
         DFlashDraftModel.from_pretrained(folder)
 
 
-def test_sharded_safetensors_checkpoint_loads(checkpoint):
-    folder, weights = checkpoint
+def _shard(folder):
+    """Replace `model.safetensors` by two shards and their index."""
+    weights = load_file(folder / "model.safetensors")
     (folder / "model.safetensors").unlink()
     names = sorted(weights)
     shards = {"model-00001-of-00002.safetensors": names[::2], "model-00002-of-00002.safetensors": names[1::2]}
@@ -617,5 +674,97 @@ def test_sharded_safetensors_checkpoint_loads(checkpoint):
         save_file({k: weights[k] for k in keys}, str(folder / shard), metadata={"format": "pt"})
     index = {"metadata": {}, "weight_map": {k: shard for shard, keys in shards.items() for k in keys}}
     (folder / "model.safetensors.index.json").write_text(json.dumps(index))
+
+
+def test_sharded_safetensors_checkpoint_loads(checkpoint):
+    folder, weights = checkpoint
+    _shard(folder)
     drafter = DFlashDraftModel.from_pretrained(folder)
     assert torch.equal(drafter.fc.weight, weights["fc.weight"])
+
+
+@pytest.mark.parametrize(
+    "index, said",
+    [
+        ('{"weight_map": {"fc.weight": ', r"is not valid JSON: Expecting value: line 1 column 30"),
+        ('["model-00001-of-00002.safetensors"]', r"has no weight_map of weight names to shard files"),
+        ('{"weight_map": {"fc.weight": "model-00001-of-00002.safetensors"}}', r"has no metadata entry"),
+    ],
+)
+def test_a_broken_index_is_named_with_its_error(checkpoint, index, said):
+    folder, _ = checkpoint
+    _shard(folder)
+    (folder / "model.safetensors.index.json").write_text(index)
+    with pytest.raises(
+        ValueError, match=rf"model\.safetensors\.index\.json \({folder}/model\.safetensors\.index\.json\) {said}"
+    ):
+        DFlashDraftModel.from_pretrained(folder)
+
+
+def test_generate_without_hf_tev_says_how_to_use_a_drafter(qwen3_target):
+    """A `generate` hf_tev does not route (hf_tev disabled, no speculation_type) reaches transformers' classic
+    assisted generation, which cannot run a DFlash drafter: the error says what to do, before any model call;
+    transformers' own DFlash chain still runs it."""
+    import hf_tev
+
+    drafter = DFlashDraftModel.from_target(qwen3_target, num_layers=1, block_size=4)
+    assert not hasattr(drafter, "generation_config")  # the Trainer asks with hasattr
+    calls = []
+    handle = qwen3_target.register_forward_pre_hook(lambda *args: calls.append(1))
+    prompt = torch.tensor([[1, 5, 7, 9]])
+    hf_tev.disable()
+    try:
+        with pytest.raises(AttributeError, match=r"hf_tev\.enable\(\).*speculation_type=\"dflash\""):
+            qwen3_target.generate(prompt, assistant_model=drafter, max_new_tokens=4, do_sample=False)
+        assert calls == []
+        handle.remove()
+        out = qwen3_target.generate(
+            prompt, assistant_model=drafter, speculation_type="dflash", max_new_tokens=4, do_sample=False
+        )
+        assert torch.equal(out, qwen3_target.generate(prompt, max_new_tokens=4, do_sample=False))
+    finally:
+        hf_tev.enable()
+        handle.remove()
+
+
+@pytest.mark.parametrize("rope", [None, {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0}])
+def test_saved_config_reloads_without_a_deprecation_warning(tmp_path, rope):
+    """A saved drafter's config.json is read back (by DFlashDraftModel, and by the plain `PreTrainedConfig` that
+    `Trainer` reads when it resumes) with no deprecation warning, and with a default rope with nothing said."""
+    import logging
+    import warnings
+
+    from transformers import PreTrainedConfig, Qwen3Config, Qwen3ForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    common = dict(vocab_size=96, hidden_size=32, intermediate_size=48, num_hidden_layers=4, num_attention_heads=4)
+    target = Qwen3ForCausalLM(Qwen3Config(**common, num_key_value_heads=2, head_dim=8))
+    if rope is not None:
+        target = Qwen3ForCausalLM(Qwen3Config(**common, num_key_value_heads=2, head_dim=8, rope_parameters=rope))
+    DFlashDraftModel.from_target(target, block_size=4).save_pretrained(tmp_path / "saved")
+    saved = json.loads((tmp_path / "saved" / "config.json").read_text())
+    assert saved["rope_theta"] == 10000.0 and saved.get("rope_scaling") == (
+        None if rope is None else {"rope_type": "linear", "factor": 2.0}
+    )  # what transformers 4.x (the publishers' code) reads
+
+    records = []
+    handler = logging.Handler(level=logging.WARNING)
+    handler.emit = records.append
+    library_logger = hf_logging.get_logger()
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_warning()
+    library_logger.addHandler(handler)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            PreTrainedConfig.from_json_file(str(tmp_path / "saved" / "config.json"))
+            reloaded = DFlashDraftModel.from_pretrained(tmp_path / "saved")
+    finally:
+        library_logger.removeHandler(handler)
+        hf_logging.set_verbosity(verbosity)
+    said = [str(w.message) for w in caught] + [r.getMessage() for r in records]
+    assert not [text for text in said if "deprecat" in text.lower()], said
+    if rope is None:  # the usual case (the published Qwen3 drafters): nothing at all is said
+        assert not said, said
+    # A scaled rope keeps `rope_scaling` for transformers 4.x, which the plain `PreTrainedConfig` mentions once.
+    assert reloaded.config.rope_parameters == target.config.rope_parameters
