@@ -253,7 +253,9 @@ def render_model_card(
         "loss_details": _loss_details(objective, knobs),
         "knob_table": _table(("knob", "value", "meaning"), knob_rows) if knobs else "Not recorded.",
         "training_table": _table(("setting", "value"), list(optimisation.items())) if optimisation else "Not recorded.",
-        "data_description": dataset_description.strip() if dataset_description else "Not described by the uploader.",
+        "data_description": _without_local_paths(dataset_description.strip())
+        if dataset_description
+        else "Not described by the uploader.",
         "measured_tau": _tau_table(measured_tau, tau_temperature, eval_tau),
         "hf_tev_version": __version__,
     }
@@ -410,6 +412,15 @@ def upload_folder(
 
 # ----------------------------------------------------------------------------------------------
 # Pieces of the card text
+
+
+# An absolute or home-relative local path inside free text (not a URL's `//host/...`, not a ratio like `1/2`).
+_LOCAL_PATH = re.compile(r"(?<![\w.:/~-])(?:~|/)[^\s`'\"()|,;]*/([^\s`'\"()|,;/]+)")
+
+
+def _without_local_paths(text: str) -> str:
+    """`text` with every absolute (or `~/`) path replaced by its last component: no local path in a card."""
+    return _LOCAL_PATH.sub(lambda match: match.group(1), text)
 
 
 def _plain_number(value):

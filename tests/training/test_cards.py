@@ -61,12 +61,21 @@ def test_local_folders_never_appear_as_paths(tmp_path, monkeypatch):
         folder.mkdir(parents=True)
         (folder / "config.json").write_text(json.dumps({"model_type": "qwen3"}))
     out = tmp_path / "runs" / "out"
-    card = render(tmp_path, target_model_id=str(target), init_from=str(drafter), repo_id=str(out), eval_tau=EVAL_TAU)
+    described = f"4 prompts of `{tmp_path}/data/train.json` (split `train`), rows from {tmp_path}/data/rows.jsonl."
+    card = render(
+        tmp_path,
+        target_model_id=str(target),
+        init_from=str(drafter),
+        repo_id=str(out),
+        eval_tau=EVAL_TAU,
+        dataset_description=described,
+    )
     text = (tmp_path / "README.md").read_text()
     assert str(tmp_path) not in text and "/runs/" not in text and "/models/" not in text
     assert card.data.base_model is None and card.data.get("base_model_relation") is None
     assert "| initialised from | `drafter-dflash-l135` (a local model folder) |" in card.text
     assert "| target model | `tiny-target` (a local model folder) |" in card.text
+    assert "Data: 4 prompts of `train.json` (split `train`), rows from rows.jsonl." in card.text
     # No Hub id: the title and model-index name follow the published drafters' naming, not the output folder.
     assert card.data.model_name == "tiny-target-DFlash-b16" and "# tiny-target-DFlash-b16\n" in card.text
     assert "# out\n" not in card.text and 'from_pretrained("path/to/tiny-target-DFlash-b16")' in card.text
