@@ -212,8 +212,7 @@ def render_model_card(
             `<target name>-DFlash-b<block_size>`, as the published DFlash drafters are named).
         init_from: the drafter the training started from (Hub id, local folder or description); a Hub id joins
             `base_model`.
-        knobs: ExitTrain knobs by name (e.g. `tree_budget`, `ce_weight`); only those `objective` uses are written.
-            `knob_help` their meanings.
+        knobs, knob_help: ExitTrain knobs by name and their meanings; only the knobs `objective` uses are written.
         steps: optimizer steps trained.
         training: further optimisation settings, label -> value (learning rate, batch size, ...).
         measured_tau: mean tau by setting: `{64: 6.1}` (budget), `{(64, 0.0): 6.1}` (budget, temperature)
@@ -253,9 +252,7 @@ def render_model_card(
         "loss_details": _loss_details(objective, knobs),
         "knob_table": _table(("knob", "value", "meaning"), knob_rows) if knobs else "Not recorded.",
         "training_table": _table(("setting", "value"), list(optimisation.items())) if optimisation else "Not recorded.",
-        "data_description": _without_local_paths(dataset_description.strip())
-        if dataset_description
-        else "Not described by the uploader.",
+        "data_description": _without_local_paths((dataset_description or "Not described by the uploader.").strip()),
         "measured_tau": _tau_table(measured_tau, tau_temperature, eval_tau),
         "hf_tev_version": __version__,
     }
