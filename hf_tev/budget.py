@@ -363,7 +363,7 @@ class SizeRule:
     def __call__(self, nodes: int, log_q: float) -> bool:
         """Whether the builder adds node `nodes` (1, 2, ...), whose path log-probability is `log_q`."""
         budget = self.budget
-        if nodes > budget.limit:
+        if nodes > budget.limit or log_q == -math.inf:  # a node the drafter gives probability 0 never pays
             return False
         gain = budget.calibration(log_q)
         self.length += gain

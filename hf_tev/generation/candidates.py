@@ -15,14 +15,18 @@ alone (up to rounding; exactly, for a batch of one, which passes no mask).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import torch
+from transformers.utils import logging
 
 from ..config import TEVConfig
 from ..lookup import ContextIndex, LookupStats, build_merged_tree
 from ..tree import TREE_BUILDERS, DraftTree, chain_tree
 from .cache import compact_columns, select_rows
+
+logger = logging.get_logger(__name__)
 
 
 @dataclass
@@ -76,6 +80,7 @@ class TreeCandidateGenerator:
         self.hidden = torch.zeros(rows, 0, dtype=torch.bool, device=device)  # [R, C]: the cache's hidden columns
         self.block_ids = torch.full((1, self.block_size), drafter.config.mask_token_id, dtype=torch.long, device=device)
         self.block_offsets = torch.arange(self.block_size, device=device)  # [L]
+        self.nonfinite = torch.zeros((), dtype=torch.bool, device=device)  # the drafter gave inf / NaN logits
 
     def features(self, hidden_states) -> torch.Tensor | None:
         """The drafter's context features `[R, N, k * hidden]` from a target output's hidden states; None
@@ -146,7 +151,26 @@ class TreeCandidateGenerator:
             self.target, features, block_ids, positions, cache=self.cache, num_depths=max(depths), **masked
         )  # [R, max d, V]
         self.hidden = hidden
-        return [torch.log_softmax(logits[i, :d].float(), dim=-1) if d > 0 else None for i, d in enumerate(depths)]
+        return [self.finite_depths(logits[i, :d]) if d > 0 else None for i, d in enumerate(depths)]
+
+    def finite_depths(self, logits: torch.Tensor) -> torch.Tensor:
+        """A row's drafter log-probs `[d, V]`, the depths whose logits were not finite (inf or NaN: an fp16
+        overflow, broken weights) set to -inf, so that no node is drafted there (`drafted_nodes`): decoding stays
+        exact whatever the drafter says. Device ops only; the call's flag says so at its end (`warn_nonfinite`)."""
+        logprobs = torch.log_softmax(logits.float(), dim=-1)
+        unusable = logprobs.isnan().any(dim=-1, keepdim=True)  # [d, 1]: log_softmax of inf or NaN logits is NaN
+        self.nonfinite |= unusable.any()
+        return logprobs.masked_fill(unusable, -math.inf)
+
+    def warn_nonfinite(self) -> None:
+        """At the end of a call (one host read): say once that the drafter's logits were not finite."""
+        if self.drafter is not None and bool(self.nonfinite):
+            name = getattr(self.drafter.config, "_name_or_path", "") or type(self.drafter).__name__
+            logger.warning_once(
+                f"hf_tev: the drafter ({name}) gave logits that are not finite (inf or NaN) at some depths; no "
+                "nodes were drafted at those depths, so decoding stays exact but gains nothing there. Check the "
+                "drafter's weights and dtype (float16 can overflow: load it in bfloat16 or float32)."
+            )
 
     def _waiting_context(self, root_positions):
         """Every row's waiting context rows, padded to the longest: features `[R, c, k * H]`, position ids
@@ -190,7 +214,7 @@ class TreeCandidateGenerator:
             )
         if draft_logprobs is None:
             return chain_tree(root.new_zeros((0, 1), dtype=torch.float32), 0, root)
-        return self.builder(draft_logprobs, budget, root, size_rule=size_rule)
+        return drafted_nodes(self.builder(draft_logprobs, budget, root, size_rule=size_rule))
 
     def select(self, keep: list[int]) -> None:
         """Keep only rows `keep` (in that order): rows that stopped leave the drafter's cache."""
@@ -203,3 +227,13 @@ class TreeCandidateGenerator:
             hidden = compact_columns(self.cache, self.hidden)
             if hidden is not None:
                 self.hidden = hidden
+
+
+def drafted_nodes(tree: DraftTree) -> DraftTree:
+    """`tree` without the nodes the drafter gives probability 0 (path log-probability -inf, e.g. below a depth
+    whose logits were not finite). Path log-probabilities never increase in a built tree's order, so they are its
+    last nodes; a tree without host scores (a chain at a fixed budget) is kept as it is."""
+    scores = tree.path_logprobs
+    if not scores or scores[-1] != -math.inf:
+        return tree
+    return tree.truncated(scores.index(-math.inf))

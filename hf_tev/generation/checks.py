@@ -131,8 +131,8 @@ def check_prompt(input_ids, attention_mask=None, position_ids=None) -> None:
     if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2 or input_ids.is_floating_point():
         shape = tuple(input_ids.shape) if isinstance(input_ids, torch.Tensor) else type(input_ids).__name__
         raise ValueError(
-            f"`input_ids` must be a 2D tensor of token ids [batch, length] (one prompt: `ids[None]` or "
-            f"`tokenizer(..., return_tensors='pt').input_ids`), got {shape}"
+            f"The prompt (`inputs` / `input_ids`) must be a 2D tensor of token ids [batch, length] (one prompt: "
+            f"`ids[None]`, or `tokenizer(..., return_tensors='pt').input_ids`), got {shape}"
         )
     for name, value in (("attention_mask", attention_mask), ("position_ids", position_ids)):
         if isinstance(value, torch.Tensor) and value.shape != input_ids.shape:

@@ -326,6 +326,7 @@ def leave(state: Decoding, stopped: list[bool]) -> None:
 
 def finish(state: Decoding, prompt_length: int):
     """The call's result: one prompt's output with its cache, or the batch's padded rows."""
+    state.candidates.warn_nonfinite()
     rows = [state.done[r] for r in sorted(state.done)]
     for row in rows:
         row.stats.coverages = [float(c) for c in row.coverages]

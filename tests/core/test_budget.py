@@ -290,3 +290,19 @@ def test_a_batch_probes_a_locked_calibration_too():
         budget.observe_batch([([0.0, log_q], [0, 1])] * 2, nodes=1, tree_s=6.5e-3, rest_s=0.0)
     assert budget.common_size([[log_q], [log_q]], drafted=False)[0] == 1
     assert (budget.declined, budget.probe_interval) == (0, 2)
+
+
+def test_a_node_the_drafter_gives_probability_zero_is_never_drafted():
+    # depths the drafter could not score reach the builders as rows of -inf (hf_tev.generation.candidates): the
+    # rule turns their nodes down, even where the calibration's lowest bucket would pay for them
+    cost = CycleCost()
+    cost.set_probe([1, 2, 4, 8, 16], [1.0, 1.0, 1.0, 1.0, 1.0])  # flat: any node that may be accepted pays
+    budget = CostAwareBudget(16, identity_calibration(), cost)
+    logprobs = torch.log_softmax(torch.randn(4, 12, generator=torch.Generator().manual_seed(2)) * 2, -1)
+    logprobs[2:] = -math.inf  # depths 3 and 4 not scored
+    for name, builder in TREE_BUILDERS.items():
+        tree = builder(logprobs, 16, 3, size_rule=budget.size_rule())
+        assert tree.num_nodes > 1 and tree.max_depth <= 2, name
+        assert all(math.isfinite(score) for score in tree.path_logprobs), name
+    rule = budget.size_rule()
+    assert rule(1, -0.1) and not rule(2, -math.inf)

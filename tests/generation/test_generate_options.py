@@ -88,8 +88,11 @@ def allowed_after(batch_id, ids):
 # option -> its cases: (kind, kwargs maker) for works (kinds in `test_works_as_plain_generate`), and
 # ("refused", kwargs maker, the name the message must carry, None for the option's own name)
 CASES = {
-    "inputs": [("greedy", lambda c: {})],
-    "input_ids": [("greedy", lambda c: {"input_ids": PROMPT, "inputs": None})],
+    "inputs": [("greedy", lambda c: {}), ("refused", lambda c: {"inputs": PROMPT[0]}, None)],
+    "input_ids": [
+        ("greedy", lambda c: {"input_ids": PROMPT, "inputs": None}),
+        ("refused", lambda c: {"input_ids": PROMPT.float(), "inputs": None}, None),
+    ],
     "generation_config": [
         ("greedy", lambda c: {"generation_config": GenerationConfig(do_sample=False, repetition_penalty=1.3)})
     ],
@@ -122,8 +125,12 @@ CASES = {
         ),
         ("refused", lambda c: {"attention_mask": torch.zeros(1, N, dtype=torch.long)}, None),
         ("refused", lambda c: {"attention_mask": torch.tensor([[1] * (N - 1) + [0]])}, None),
+        ("refused", lambda c: {"attention_mask": torch.ones(1, N + 3, dtype=torch.long)}, None),  # generate drops it
     ],
-    "position_ids": [("greedy", lambda c: {"position_ids": torch.arange(N)[None]})],
+    "position_ids": [
+        ("greedy", lambda c: {"position_ids": torch.arange(N)[None]}),
+        ("refused", lambda c: {"position_ids": torch.arange(N + 3)[None]}, None),
+    ],
     "cache": [
         ("greedy", lambda c: {"cache": DynamicCache(config=c.target.config)}),
         ("refused", lambda c: {"cache": StaticCache(config=c.target.config, max_cache_len=64)}, None),
@@ -379,9 +386,10 @@ def test_refused_with_the_option_named(ctx, name, index):
     kwargs.update(make(ctx))
     drafter = ctx.drafter()
     hooks = no_model_call(ctx.target, drafter)
+    inputs = kwargs.pop("inputs", PROMPT)
     try:
         with pytest.raises(ValueError, match=re.escape(named or name)):
-            ctx.target.generate(PROMPT, **kwargs, assistant_model=drafter)
+            ctx.target.generate(inputs, **kwargs, assistant_model=drafter)
     finally:
         for hook in hooks:
             hook.remove()

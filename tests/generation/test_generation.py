@@ -754,9 +754,9 @@ def test_drafter_and_target_of_different_dtypes(target_dtype, drafter_dtype):
         ("shorter_mask", r"`attention_mask` of shape \(1, 3\)"),
         ("mask_of_another_batch", r"`attention_mask` of shape \(2, 5\)"),
         ("longer_position_ids", r"`position_ids` of shape \(1, 9\)"),
-        ("one_dimensional_input_ids", r"`input_ids` must be a 2D tensor .* got \(5,\)"),
-        ("one_dimensional_input_ids_keyword", r"`input_ids` must be a 2D tensor"),
-        ("float_input_ids", r"`input_ids` must be a 2D tensor of token ids"),
+        ("one_dimensional_input_ids", r"`input_ids`\) must be a 2D tensor .* got \(5,\)"),
+        ("one_dimensional_input_ids_keyword", r"`input_ids`\) must be a 2D tensor"),
+        ("float_input_ids", r"`input_ids`\) must be a 2D tensor of token ids"),
     ],
 )
 def test_refusals_name_the_option_before_any_model_call(case, named):
