@@ -56,7 +56,8 @@ def kit_path(name: str) -> Path:
 
 def load_kit_model(name: str, dtype=None, device=None):
     """A kit model by name: the target and the assistant as `AutoModelForCausalLM` (SDPA attention), the
-    drafters as `hf_tev.DFlashDraftModel`. In eval mode."""
+    drafters as `hf_tev.DFlashDraftModel`. In eval mode. Every kit model loads from safetensors only (the kit
+    ships no pickle file): a kit folder with only `pytorch_model.bin` is refused."""
     path = kit_path(name)
     if name.startswith("drafter-"):
         from .modeling_dflash import DFlashDraftModel
@@ -65,7 +66,9 @@ def load_kit_model(name: str, dtype=None, device=None):
     else:
         from transformers import AutoModelForCausalLM
 
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="sdpa")
+        model = AutoModelForCausalLM.from_pretrained(
+            path, dtype=dtype, attn_implementation="sdpa", use_safetensors=True
+        )
     return model.to(device or "cpu").eval()
 
 

@@ -365,8 +365,8 @@ def small_run_flags(**changes) -> list[str]:
     return ["--use_cpu"] + [text for k, v in settings.items() if v is not None for text in (f"--{k}", str(v))]
 
 
-def run_command(command, tmp_path, timeout=300):
-    """Run `command` from the repository root, offline, with its own HF_HOME; it must succeed."""
+def run_command(command, tmp_path, timeout=300, check=True):
+    """Run `command` from the repository root, offline, with its own HF_HOME; it must succeed (unless not `check`)."""
     env = {
         **os.environ,
         "OMP_NUM_THREADS": "1",
@@ -375,7 +375,7 @@ def run_command(command, tmp_path, timeout=300):
         "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]),
     }
     result = subprocess.run(command, env=env, cwd=REPO_ROOT, capture_output=True, text=True, timeout=timeout)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert result.returncode == 0 or not check, result.stdout[-3000:] + result.stderr[-3000:]
     return result
 
 

@@ -4,12 +4,14 @@ Data:
 - `columns`: the dataset column names;
 - `prompts`: prompts as token ids (`encode_prompt`) and the target's padding / EOS ids;
 - `data_generation`: target-written training rows (`generate_training_data`: written as they come, resumable);
-- `data`: the check of every row before training (`check_rows`, `row_tensors`) and `ExitDataCollator`;
+- `rows`: the check of one row (`row_tensors`);
+- `data`: the check of every row before training (`check_rows`) and `ExitDataCollator`;
 - `features`: the target features a drafter reads, computed once and memory-mapped (`FeatureCache`,
   `CachedFeatureDataset`): the standard objective then trains without target forwards.
 Training:
 - `exit_config`: `ExitTrainingArguments` (every knob) and the objectives it accepts;
 - `trainer`: `ExitTrainer` (a `transformers.Trainer`): the Trainer hooks, the work in the modules below;
+- `checkpoints`: the check of a checkpoint before a run resumes from it (`check_checkpoint`);
 - `batch`: anchors, block labels and the masks of the shared drafter forward and the batched tree pass;
 - `forwards`: the target's context forward and the drafter's forward over all blocks of a batch;
 - `row_loss`: the loss of objectives "exit", "prefix" and "dflash" on a batch of training rows;
@@ -22,13 +24,15 @@ Training:
 Publishing:
 - `hub`: the model card (template `drafter_card.md`, package data; the measured eval tau in its metadata) and
   the Hub upload;
-- `cli`: `hf-tev train` / `python -m hf_tev.train` (`ExitScriptArguments` + `ExitTrainingArguments`).
+- `cli`: `hf-tev train` / `python -m hf_tev.train`; its arguments and parser in `script_args`
+  (`ExitScriptArguments` + `ExitTrainingArguments`), the files it reads and the model folders it checks in
+  `inputs`.
 The loss maths itself is `hf_tev.exit_loss` (plain torch).
 """
 
 from .batch import block_attention_mask, block_labels, sample_anchors, tree_batch_inputs
 from .columns import CONTEXT_FEATURES, INPUT_IDS, LOSS_MASK, PROMPT_LENGTH
-from .data import ExitDataCollator, check_dataset, check_rows, row_tensors
+from .data import ExitDataCollator, check_dataset, check_rows
 from .data_generation import generate_training_data
 from .eval_tau import decoded_block_lengths
 from .exit_config import TRAINING_OBJECTIVES, TREE_ANCHORS, ExitTrainingArguments
@@ -42,6 +46,7 @@ from .hub import (
     trainer_model_card,
 )
 from .opd import Rollout, collect_rollouts, opd_loss
+from .rows import row_tensors
 from .trainer import ExitTrainer
 
 __all__ = [

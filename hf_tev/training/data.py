@@ -10,18 +10,19 @@ a row with nothing to train is skipped with a counted warning.
 
 from __future__ import annotations
 
-import logging
-import numbers
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch.nn.utils.rnn import pad_sequence
+from transformers.utils import logging
 
 from .columns import ATTENTION_MASK, CONTEXT_FEATURES, INPUT_IDS, LOSS_MASK, PROMPT_LENGTH
 from .features import CachedFeatureDataset
+from .rows import row_tensors
 
-logger = logging.getLogger(__name__)
+logger = logging.get_logger(__name__)
 
 
 @dataclass
@@ -57,114 +58,36 @@ class ExitDataCollator:
 
     def __call__(self, rows: Sequence[Mapping[str, Any]]) -> dict[str, torch.Tensor]:
         sequences, masks = zip(*(self._row(row) for row in rows), strict=True)
-        length = max(len(ids) for ids in sequences)
-        input_ids = torch.full((len(rows), length), self.pad_token_id, dtype=torch.long)
-        attention_mask = torch.zeros((len(rows), length), dtype=torch.long)
-        loss_mask = torch.zeros((len(rows), length), dtype=torch.bool)
-        for i, (ids, mask) in enumerate(zip(sequences, masks, strict=True)):
-            input_ids[i, : len(ids)] = ids
-            attention_mask[i, : len(ids)] = 1
-            loss_mask[i, : len(ids)] = mask
+        input_ids = pad_sequence(sequences, batch_first=True, padding_value=self.pad_token_id)  # [B, T]
+        lengths = torch.tensor([len(ids) for ids in sequences])
+        attention_mask = (torch.arange(input_ids.shape[1]) < lengths[:, None]).long()
+        loss_mask = pad_sequence(masks, batch_first=True, padding_value=False)
         batch = {INPUT_IDS: input_ids, ATTENTION_MASK: attention_mask, LOSS_MASK: loss_mask}
         carrying = [isinstance(row, Mapping) and row.get(CONTEXT_FEATURES) is not None for row in rows]
         if any(carrying):
             if not all(carrying):
                 raise ValueError(f"'{CONTEXT_FEATURES}' must be in every row of a batch or in none")
-            batch[CONTEXT_FEATURES] = self._features(rows, sequences, length)
+            batch[CONTEXT_FEATURES] = self._features(rows, sequences)
         return batch
 
     @staticmethod
-    def _features(rows, sequences, length: int) -> torch.Tensor:
-        first = torch.as_tensor(rows[0][CONTEXT_FEATURES])
-        features = torch.zeros((len(rows), length, first.shape[-1]), dtype=first.dtype)  # [B, T, k*H]
+    def _features(rows, sequences) -> torch.Tensor:
+        """The rows' `context_features`, cut like their tokens and zero-padded: `[B, T, k*H]`."""
+        width = torch.as_tensor(rows[0][CONTEXT_FEATURES]).shape[-1]
+        features = []
         for i, (row, ids) in enumerate(zip(rows, sequences, strict=True)):
             given = torch.as_tensor(row[CONTEXT_FEATURES])
             tokens = torch.as_tensor(row[INPUT_IDS]).numel()  # before truncation to max_length
-            if given.dim() != 2 or given.shape[0] != tokens or given.shape[1] != first.shape[-1]:
+            if given.dim() != 2 or given.shape[0] != tokens or given.shape[1] != width:
                 raise ValueError(
                     f"'{CONTEXT_FEATURES}' of row {i} has shape {tuple(given.shape)}; expected "
-                    f"[{tokens} (its tokens), {first.shape[-1]}]"
+                    f"[{tokens} (its tokens), {width}]"
                 )
-            features[i, : len(ids)] = given[: len(ids)]
-        return features
+            features.append(given[: len(ids)])
+        return pad_sequence(features, batch_first=True)
 
     def _row(self, row: Mapping[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
         return row_tensors(row, vocab_size=self.vocab_size, max_length=self.max_length, where="a batch row")
-
-
-def row_tensors(
-    row: Mapping[str, Any], vocab_size: int | None = None, max_length: int | None = None, where: str = "a row"
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The checked `(input_ids, supervised)` of one row, both `[n]` (`long`, `bool`), cut to `max_length`.
-
-    Raises ValueError, naming the row by `where` (e.g. `"train_dataset row 7"`), when `input_ids` is missing,
-    empty, text, floats or nested, holds an id < 0 or >= `vocab_size`, or when `loss_mask` / `prompt_length`
-    are malformed (a `loss_mask` of another length or not 0/1, a `prompt_length` that is not an int >= 0).
-    """
-    if not isinstance(row, Mapping) or INPUT_IDS not in row:
-        found = sorted(row) if isinstance(row, Mapping) else type(row).__name__
-        raise ValueError(
-            f"ExitTrainer rows need an '{INPUT_IDS}' column (token ids of target-generated "
-            f"sequences), optionally '{PROMPT_LENGTH}' or '{LOSS_MASK}'; {where} has {found}"
-        )
-    ids = _token_ids(row[INPUT_IDS], where)
-    if vocab_size is not None or ids.min() < 0:
-        outside = (ids < 0) if vocab_size is None else (ids < 0) | (ids >= vocab_size)
-        if outside.any():
-            position = int(outside.nonzero()[0])
-            vocabulary = "token ids are never negative" if vocab_size is None else f"ids 0..{vocab_size - 1}"
-            raise ValueError(
-                f"{where}: token id {int(ids[position])} at position {position} of '{INPUT_IDS}' is outside the "
-                f"target's vocabulary ({vocabulary}); were the rows tokenized for another model?"
-            )
-    mask = torch.ones(len(ids), dtype=torch.bool)
-    if row.get(LOSS_MASK) is not None:
-        try:
-            given = torch.as_tensor(row[LOSS_MASK])
-        except (TypeError, ValueError, RuntimeError) as error:
-            raise ValueError(f"{where}: '{LOSS_MASK}' must be a flat list of 0/1 ({error})") from None
-        if given.dim() != 1 or len(given) != len(ids):
-            raise ValueError(f"{where}: '{LOSS_MASK}' has {given.numel()} entries for {len(ids)} '{INPUT_IDS}'")
-        if given.dtype != torch.bool and not ((given == 0) | (given == 1)).all():
-            raise ValueError(f"{where}: '{LOSS_MASK}' must hold 0/1 or booleans, got {given.unique().tolist()[:5]}")
-        mask &= given.bool()
-    if row.get(PROMPT_LENGTH) is not None:
-        mask[: _prompt_length(row[PROMPT_LENGTH], where)] = False
-    if max_length is not None:
-        ids, mask = ids[:max_length], mask[:max_length]
-    return ids, mask
-
-
-def _token_ids(value, where: str) -> torch.Tensor:
-    if isinstance(value, (str, bytes)):
-        raise ValueError(
-            f"{where}: '{INPUT_IDS}' is text ({value[:40]!r}), not token ids; tokenize it (or turn prompts into "
-            "rows with hf_tev.generate_training_data)"
-        )
-    try:
-        ids = torch.as_tensor(value)
-    except (TypeError, ValueError, RuntimeError) as error:
-        raise ValueError(f"{where}: '{INPUT_IDS}' must be a flat list of int token ids ({error})") from None
-    if ids.numel() == 0:
-        raise ValueError(f"{where} has no tokens ('{INPUT_IDS}' is empty)")
-    if ids.dim() != 1:
-        raise ValueError(f"{where}: '{INPUT_IDS}' must be a flat list of token ids, got shape {tuple(ids.shape)}")
-    if ids.dtype == torch.bool or ids.is_floating_point() or ids.is_complex():
-        raise ValueError(
-            f"{where}: '{INPUT_IDS}' must be int token ids, got {str(ids.dtype).removeprefix('torch.')} values "
-            f"(first: {ids[0].item()!r}); they are not truncated silently"
-        )
-    return ids.long()
-
-
-def _prompt_length(value, where: str) -> int:
-    if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.is_floating_point():
-        value = value.item()
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
-        raise ValueError(
-            f"{where}: '{PROMPT_LENGTH}' must be an int >= 0 (prompt tokens, not supervised), got {value!r}"
-        )
-    return int(value)
 
 
 def check_dataset(dataset, name: str = "train_dataset") -> None:
@@ -200,14 +123,15 @@ def check_rows(dataset, name: str = "train_dataset", vocab_size: int | None = No
     token is never predicted) is skipped with one warning that counts them; when no row is left, ValueError.
 
     `dataset`: a list of rows, a `datasets.Dataset` (read in batches; `select` drops rows), a
-    `CachedFeatureDataset` (its rows are checked, its cached features not read) or any map-style torch
-    dataset (`torch.utils.data.Subset` drops rows). An iterable dataset is returned unchecked (the collator
-    still checks each row). Returns `dataset` itself when no row is skipped.
+    `CachedFeatureDataset` (its rows are checked and must all be in its cache; no feature is read) or any
+    map-style torch dataset (`torch.utils.data.Subset` drops rows). An iterable dataset is returned unchecked (the
+    collator still checks each row). Returns `dataset` itself when no row is skipped.
     """
     check_dataset(dataset, name)
     if isinstance(dataset, CachedFeatureDataset):
         cut = [length for length in (max_length, dataset.cache.max_length) if length is not None]
         rows = check_rows(dataset.rows, name, vocab_size, min(cut) if cut else None)
+        dataset.cache.check_cached(_iter_rows(dataset.rows), name)
         return dataset if rows is dataset.rows else CachedFeatureDataset(rows, dataset.cache)
     if dataset is None or not hasattr(dataset, "__len__") or not hasattr(dataset, "__getitem__"):
         return dataset
@@ -245,23 +169,24 @@ def _iter_rows(dataset):
             yield dataset[index]
 
 
-def check_trainer_datasets(train_dataset, eval_dataset, vocab_size: int, max_length: int | None, layer_ids):
+def check_trainer_datasets(train_dataset, eval_dataset, target, max_length: int | None, layer_ids):
     """`ExitTrainer`'s datasets, every row checked (`check_rows`; `eval_dataset` may be a dict of splits):
-    `(train_dataset, eval_dataset)` without the rows that have nothing to train. A feature cache must hold the
-    target layers the drafter reads (`layer_ids`)."""
+    `(train_dataset, eval_dataset)` without the rows that have nothing to train. A feature cache must have been
+    made with `target` (the same weights and dtype) and hold the target layers the drafter reads (`layer_ids`)."""
+    vocab_size = target.get_input_embeddings().weight.shape[0]
     eval_datasets = eval_dataset if isinstance(eval_dataset, Mapping) else {None: eval_dataset}
-    for dataset in (train_dataset, *eval_datasets.values()):
-        if isinstance(dataset, CachedFeatureDataset) and dataset.cache.layer_ids != layer_ids:
-            raise ValueError(
-                f"the feature cache {dataset.cache.path} holds target layers "
-                f"{dataset.cache.layer_ids}, the drafter reads {layer_ids}"
-            )
+    names = {None: "eval_dataset"} | {split: f"eval_dataset[{split!r}]" for split in eval_datasets if split is not None}
+    for name, dataset in [("train_dataset", train_dataset), *((names[s], d) for s, d in eval_datasets.items())]:
+        if isinstance(dataset, CachedFeatureDataset):
+            if dataset.cache.layer_ids != layer_ids:
+                raise ValueError(
+                    f"{name}: the feature cache {dataset.cache.path} holds target layers "
+                    f"{dataset.cache.layer_ids}, the drafter reads {layer_ids}"
+                )
+            dataset.cache.check_target(target, name)
     train_dataset = check_rows(train_dataset, "train_dataset", vocab_size, max_length)
     eval_datasets = {
-        split: check_rows(
-            dataset, "eval_dataset" if split is None else f"eval_dataset[{split!r}]", vocab_size, max_length
-        )
-        for split, dataset in eval_datasets.items()
+        split: check_rows(dataset, names[split], vocab_size, max_length) for split, dataset in eval_datasets.items()
     }
     return train_dataset, dict(eval_datasets) if isinstance(eval_dataset, Mapping) else eval_datasets[None]
 

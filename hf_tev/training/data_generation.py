@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch.nn.utils.rnn import pad_sequence
 
 from .columns import INPUT_IDS, PROMPT_LENGTH
 from .features import target_fingerprint
@@ -101,12 +102,11 @@ def generate_training_data(
 
 def _answer_batch(target, batch: list[list[int]], pad_id: int, eos_ids: set[int], max_new_tokens: int, generate_kwargs):
     """The target's responses to one batch of prompts as rows, each response cut after its first EOS."""
-    width = max(len(ids) for ids in batch)
-    input_ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
-    attention_mask = torch.zeros((len(batch), width), dtype=torch.long)
-    for i, ids in enumerate(batch):  # left padding: generation continues every prompt at the right edge
-        input_ids[i, width - len(ids) :] = torch.tensor(ids, dtype=torch.long)
-        attention_mask[i, width - len(ids) :] = 1
+    prompts = [torch.tensor(ids, dtype=torch.long) for ids in batch]
+    # Left padding: generation continues every prompt at the right edge.
+    input_ids = pad_sequence(prompts, batch_first=True, padding_value=pad_id, padding_side="left")
+    attention_mask = pad_sequence([torch.ones_like(ids) for ids in prompts], batch_first=True, padding_side="left")
+    width = input_ids.shape[1]
     device = next(target.parameters()).device
     output = target.generate(
         input_ids.to(device),

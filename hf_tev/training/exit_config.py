@@ -144,7 +144,8 @@ class ExitTrainingArguments(TrainingArguments):
         default="exit",
         metadata={
             "help": "'exit' (tree loss weighted w(v) * depth(v), ExitTrain), 'prefix' (tree loss weighted "
-            "P(v)) or 'dflash' (the standard DFlash objective alone).",
+            "P(v)), 'dflash' (the standard DFlash objective alone) or 'opd' (Draft-OPD: on-policy distillation on "
+            "tree-decoded rollouts).",
             "choices": list(TRAINING_OBJECTIVES),
         },
     )

@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+from torch.nn.utils.rnn import pad_sequence
 
 from ..tree import DraftTree
 from .batch import tree_batch_inputs
@@ -123,11 +124,11 @@ def rollout_batch(rollouts: Sequence[Rollout], max_cycles: int, generator: torch
         `valid` `[B, A]`, `accepted` `[B, A]` (accepted drafted tokens `n`), `rejected` `[B, A]` (bool).
     """
     B = len(rollouts)
-    T = max(len(r.input_ids) for r in rollouts)
-    input_ids = torch.full((B, T), pad_token_id, dtype=torch.long)
+    input_ids = pad_sequence(
+        [torch.tensor(r.input_ids, dtype=torch.long) for r in rollouts], batch_first=True, padding_value=pad_token_id
+    )
     chosen = []
-    for b, r in enumerate(rollouts):
-        input_ids[b, : len(r.input_ids)] = torch.tensor(r.input_ids)
+    for r in rollouts:
         candidates = [
             c
             for c in range(len(r.anchors))

@@ -39,6 +39,8 @@ process holds its own frozen copy of the target (not wrapped by DDP). On CPU, `t
 from __future__ import annotations
 
 import os
+import pickle
+import zipfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -46,9 +48,11 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel, Trainer
 from transformers.trainer import TRAINING_ARGS_NAME
+from transformers.trainer_utils import get_last_checkpoint
 
 from ..modeling_dflash import DFlashDraftModel
 from . import hub
+from .checkpoints import NEW_RUN, check_checkpoint
 from .data import ExitDataCollator, check_trainer_datasets
 from .eval_tau import decoded_tau, tau_prompts
 from .exit_config import ExitTrainingArguments
@@ -132,7 +136,7 @@ class ExitTrainer(Trainer):
         # Every row is checked before training starts; rows with nothing to train are dropped (counted warning).
         vocab_size = target_model.get_input_embeddings().weight.shape[0]
         train_dataset, eval_dataset = check_trainer_datasets(
-            train_dataset, eval_dataset, vocab_size, args.max_length, model.config.target_layer_ids
+            train_dataset, eval_dataset, target_model, args.max_length, model.config.target_layer_ids
         )
         pad_token_id = pad_token_id_of(target_model, processing_class)
         if data_collator is None:
@@ -162,6 +166,33 @@ class ExitTrainer(Trainer):
         self.rollout_pool = RolloutPool(self.args, target_model, self.train_dataset, pad_token_id)
         self._anchor_draws = DrawCounter()  # anchor draws at the current (mode, step)
         self._eval_draws = DrawCounter()  # batches of the current evaluation
+
+    # -- resuming -----------------------------------------------------------------------------
+
+    def train(self, resume_from_checkpoint: str | bool | None = None, trial=None, ignore_keys_for_eval=None, **kwargs):
+        """`Trainer.train`, with the checkpoint to resume from checked first (`checkpoints.check_checkpoint`): a
+        checkpoint without `trainer_state.json`, `optimizer.pt` or `scheduler.pt`, or with one of them damaged, is
+        refused before any step instead of resuming with a fresh optimizer. `True` resumes from the last
+        checkpoint in `args.output_dir`."""
+        if resume_from_checkpoint is True:
+            resume_from_checkpoint = (
+                get_last_checkpoint(self.args.output_dir) if Path(self.args.output_dir).is_dir() else None
+            )
+            if resume_from_checkpoint is None:
+                raise ValueError(f"resume_from_checkpoint=True: no checkpoint in {self.args.output_dir}")
+        if resume_from_checkpoint not in (None, False):
+            check_checkpoint(resume_from_checkpoint, optimizer=not (self.is_deepspeed_enabled or self.is_fsdp_enabled))
+        return super().train(resume_from_checkpoint, trial, ignore_keys_for_eval, **kwargs)
+
+    def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:
+        # The files were checked before training; what torch.load still finds wrong is named with the file.
+        try:
+            super()._load_optimizer_and_scheduler(checkpoint)
+        except (RuntimeError, ValueError, KeyError, EOFError, pickle.UnpicklingError, zipfile.BadZipFile) as error:
+            raise ValueError(
+                f"the optimizer or scheduler state in {checkpoint} cannot be resumed ({type(error).__name__}: "
+                f"{error}); {NEW_RUN.format(path=checkpoint)}"
+            ) from error
 
     # -- loss ---------------------------------------------------------------------------------
 

@@ -58,6 +58,19 @@ def test_kit_dir_error_names_the_fix(monkeypatch, tmp_path):
         kit_dir()
 
 
+def test_kit_models_load_from_safetensors_only(monkeypatch, tmp_path):
+    # A kit whose target has only pickle weights is refused, not read through torch.load.
+    import shutil
+
+    from safetensors.torch import load_file
+
+    shutil.copytree(kit_path("target"), tmp_path / "target", ignore=shutil.ignore_patterns("model.safetensors"))
+    torch.save(load_file(kit_path("target") / "model.safetensors"), tmp_path / "target" / "pytorch_model.bin")
+    monkeypatch.setenv("HF_TEV_KIT", str(tmp_path))
+    with pytest.raises(OSError, match="model.safetensors"):
+        load_kit_model("target")
+
+
 @pytest.mark.parametrize("drafter_name", ["drafter-dflash", "drafter-exittrain"])
 def test_greedy_tev_on_heldout_prompts_is_exact_with_real_acceptance(target, tokenizer, drafter_name):
     drafter = load_kit_model(drafter_name)

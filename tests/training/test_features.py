@@ -215,3 +215,114 @@ def test_training_on_a_cached_dataset(target, tmp_path):
             args=make_args(tmp_path / "c"),
             train_dataset=CachedFeatureDataset(rows, other),
         )
+
+
+# ---------------------------------------------------------------------------------------------
+# Another target, missing rows, bad rows and a damaged cache: refused before any feature is read
+
+
+def changed_deep_weights(seed=0):
+    """The qwen3 test target with the entries past the first 256 of layer 2's `down_proj` changed (its first rows
+    and every other weight as they were)."""
+    changed = make_target("qwen3", seed=seed)
+    with torch.no_grad():
+        changed.model.layers[2].mlp.down_proj.weight[10:] += 0.5
+    return changed
+
+
+def test_the_fingerprint_covers_every_entry_of_every_weight(target, tmp_path):
+    rows = make_rows(n=2)
+    FeatureCache(tmp_path / "cache", target, LAYERS).update(rows, show_progress=False)
+    with pytest.raises(ValueError, match="target_fingerprint"):
+        FeatureCache(tmp_path / "cache", changed_deep_weights(), LAYERS)
+    last = make_target("qwen3")
+    with torch.no_grad():
+        last.lm_head.weight[-1, -1] += 1e-3  # one entry, the very last of the last weight
+    assert features_module.target_fingerprint(last) != features_module.target_fingerprint(target)
+    assert features_module.target_fingerprint(make_target("qwen3")) == features_module.target_fingerprint(target)
+
+
+def test_the_trainer_refuses_features_of_another_target(target, tmp_path):
+    rows = make_rows(n=3)
+    target.name_or_path = "cache-target"
+    cache = FeatureCache(tmp_path / "cache", target, LAYERS)
+    cache.update(rows, show_progress=False)
+    other = changed_deep_weights()
+    other.name_or_path = "other-target"
+    with pytest.raises(ValueError, match=r"feature cache .*'cache-target'.* the trainer's target 'other-target'"):
+        ExitTrainer(
+            model=layers_drafter(other),
+            target_model=other,
+            args=make_args(tmp_path / "a"),
+            train_dataset=CachedFeatureDataset(rows, cache),
+        )
+    with pytest.raises(ValueError, match=r"eval_dataset .*feature cache"):
+        ExitTrainer(
+            model=layers_drafter(other),
+            target_model=other,
+            args=make_args(tmp_path / "b"),
+            train_dataset=rows,
+            eval_dataset=CachedFeatureDataset(rows, cache),
+        )
+    # The same weights in another object (loaded again, from another path) are the same target.
+    ExitTrainer(
+        model=layers_drafter(target),
+        target_model=make_target("qwen3"),
+        args=make_args(tmp_path / "c"),
+        train_dataset=CachedFeatureDataset(rows, cache),
+    )
+
+
+def test_every_cached_row_is_checked_before_training(target, tmp_path):
+    rows = make_rows(n=6)
+    cache = FeatureCache(tmp_path / "cache", target, LAYERS)
+    cache.update(rows[:5], show_progress=False)
+    with pytest.raises(ValueError, match=r"train_dataset row 5 \(\d+ tokens\) is not in the feature cache .*update"):
+        ExitTrainer(
+            model=layers_drafter(target),
+            target_model=target,
+            args=make_args(tmp_path),
+            train_dataset=CachedFeatureDataset(rows, cache),
+        )
+
+
+def test_update_refuses_a_row_without_tokens_or_outside_the_vocabulary(target, tmp_path):
+    cache = FeatureCache(tmp_path / "cache", target, LAYERS)
+    rows = make_rows(n=3)
+    with pytest.raises(ValueError, match=r"row 2 has no tokens"):
+        cache.update([*rows[:2], {"input_ids": []}], show_progress=False)
+    with pytest.raises(ValueError, match=r"row 1: token id 96 at position 2 .* outside the target's vocabulary"):
+        cache.update([rows[0], [5, 6, 96]], show_progress=False)
+    with pytest.raises(ValueError, match=r"row 0: 'input_ids' is text"):
+        cache.update([{"input_ids": "def f(): pass"}], show_progress=False)
+    assert len(cache) == 0 and not (tmp_path / "cache" / "index.json").exists()  # nothing was computed
+
+
+def test_a_damaged_cache_is_refused_when_opened(target, tmp_path):
+    rows = make_rows(n=3)
+    folder = tmp_path / "cache"
+    FeatureCache(folder, target, LAYERS).update(rows, show_progress=False)
+    index = (folder / "index.json").read_text()
+    data = (folder / "features.bin").read_bytes()
+
+    (folder / "features.bin").write_bytes(data[: len(data) // 2])  # cut off (a full disk, a partial copy)
+    with pytest.raises(ValueError, match=rf"features.bin has {len(data) // 2} bytes, its index.json names {len(data)}"):
+        FeatureCache(folder, target, LAYERS)
+    (folder / "features.bin").unlink()
+    with pytest.raises(ValueError, match=r"features.bin is missing"):
+        FeatureCache(folder, target, LAYERS)
+    (folder / "features.bin").write_bytes(data)
+
+    (folder / "index.json").write_text(index[: len(index) // 2])
+    with pytest.raises(ValueError, match=r"index.json is not valid JSON \(line 1 column \d+"):
+        FeatureCache(folder, target, LAYERS)
+    (folder / "index.json").write_bytes(b"\xff\xfe" + index.encode())
+    with pytest.raises(ValueError, match=r"index.json is not valid JSON"):
+        FeatureCache(folder, target, LAYERS)
+    for broken in ({**json.loads(index), "rows": "x"}, {**json.loads(index), "num_tokens": 1}, [1, 2]):
+        (folder / "index.json").write_text(json.dumps(broken))
+        with pytest.raises(ValueError, match=r"index.json is not a feature cache index"):
+            FeatureCache(folder, target, LAYERS)
+    (folder / "index.json").write_text(index)
+    cache = FeatureCache(folder, target, LAYERS)
+    assert len(cache) == 3 and cache.features(rows[0]["input_ids"]).shape[0] == len(rows[0]["input_ids"])

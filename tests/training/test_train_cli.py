@@ -135,14 +135,33 @@ def test_reading_prompts_and_rows(tmp_path):
     assert cli.read_prompts(str(folder), split="test", column="q") == ["x?", "z?"]
 
 
-def test_push_offline_fails_before_anything_is_loaded_or_written(tmp_path, monkeypatch):
+def test_push_offline_fails_before_anything_is_loaded_or_written(tmp_path, monkeypatch, capsys):
     import huggingface_hub.constants
 
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(cli, "load_models", lambda *a, **k: pytest.fail("a model was loaded"))
     out = tmp_path / "drafter"
     flags = ["--target", str(kit_path("target")), "--prompts", str(KIT_PROMPTS), "--output_dir", str(out)]
-    with pytest.raises(Exception, match="(?i)offline"):
+    with pytest.raises(SystemExit) as exit_info:
         cli.main([*flags, "--push_to_hub", "--hub_model_id", "me/drafter", "--use_cpu", "--report_to", "none"])
+    assert exit_info.value.code == 2
+    error = capsys.readouterr().err.strip()
+    assert error.count("\n") == 0 and "--push_to_hub needs the Hugging Face Hub" in error and "offline" in error
+    assert not out.exists()
+    with pytest.raises(ValueError, match="offline"):  # run() raises it, for Python callers
+        cli.run(*cli.parse_args([*flags, "--push_to_hub", "--use_cpu", "--report_to", "none"]))
+
+
+def test_hf_tev_train_push_offline_is_one_line_on_stderr(tmp_path):
+    out = tmp_path / "drafter"
+    command = [sys.executable, "-m", "hf_tev", "train", "--target", str(kit_path("target"))]
+    command += ["--prompts", str(KIT_PROMPTS), "--output_dir", str(out), "--push_to_hub", "--use_cpu"]
+    result = run_command(command, tmp_path, check=False)
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.strip().splitlines() == [
+        "hf-tev train: error: --push_to_hub needs the Hugging Face Hub, but offline mode is on (HF_HUB_OFFLINE=1): "
+        "unset it, or train without --push_to_hub and upload the output folder later"
+    ]
     assert not out.exists()
 
 

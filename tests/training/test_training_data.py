@@ -3,11 +3,10 @@ train skipped with a counted warning, and `generate_training_data` writing its r
 progress with tokens/s)."""
 
 import json
-import logging
 
 import pytest
 import torch
-from helpers import make_target, training_args, training_drafter
+from helpers import make_target, training_args, training_drafter, transformers_log
 
 from hf_tev.training import (
     CachedFeatureDataset,
@@ -97,7 +96,7 @@ def test_empty_datasets_are_refused(target, tmp_path):
             make_trainer(target, tmp_path, train_dataset=empty)
 
 
-def test_rows_with_nothing_to_train_are_skipped_with_a_counted_warning(target, tmp_path, caplog):
+def test_rows_with_nothing_to_train_are_skipped_with_a_counted_warning(target, tmp_path):
     rows = [
         *good(3),
         {"input_ids": [5, 6, 7, 8], "prompt_length": 4},  # all prompt
@@ -106,10 +105,11 @@ def test_rows_with_nothing_to_train_are_skipped_with_a_counted_warning(target, t
         {"input_ids": [5]},  # one token: nothing before it to predict it from
         {"input_ids": [5, 6, 7, 8], "loss_mask": [1, 0, 0, 0]},  # only the first token, never a label
     ]
-    with caplog.at_level(logging.WARNING, logger="hf_tev.training.data"):
+    with transformers_log() as messages:
         trainer = make_trainer(target, tmp_path, train_dataset=rows)
-    assert "train_dataset: skipped 5 of 8 rows with no supervised token to predict" in caplog.text
-    assert "max_length=8" in caplog.text and "(rows 3, 4, 5, 6, 7)" in caplog.text
+    (message,) = [m for m in messages if "skipped" in m]
+    assert message.startswith("train_dataset: skipped 5 of 8 rows with no supervised token to predict")
+    assert "max_length=8" in message and "(rows 3, 4, 5, 6, 7)" in message
     assert trainer.train_dataset == rows[:3]
     trainer.train()
     assert all(torch.isfinite(torch.tensor(entry["train_loss"])) for entry in trainer.state.log_history[-1:])
@@ -123,6 +123,24 @@ def test_rows_with_nothing_to_train_are_skipped_with_a_counted_warning(target, t
 
     with pytest.raises(ValueError, match=r"train_dataset: none of its 2 rows has a supervised token .*rows 0, 1"):
         make_trainer(target, tmp_path, train_dataset=rows[3:5])
+
+
+def test_the_skipped_rows_warning_follows_transformers_verbosity():
+    import transformers
+
+    rows = [*good(3), {"input_ids": [5, 6, 7, 8], "prompt_length": 4}]
+    verbosity = transformers.logging.get_verbosity()
+    try:
+        transformers.logging.set_verbosity_error()
+        with transformers_log() as messages:
+            check_rows(rows, vocab_size=VOCAB)
+        assert messages == []
+        transformers.logging.set_verbosity_warning()
+        with transformers_log() as messages:
+            check_rows(rows, vocab_size=VOCAB)
+        assert len(messages) == 1 and messages[0].startswith("train_dataset: skipped 1 of 4 rows")
+    finally:
+        transformers.logging.set_verbosity(verbosity)
 
 
 def test_cached_feature_rows_are_checked_without_reading_features(target, tmp_path):
