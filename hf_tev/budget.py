@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import bisect
 import math
+import threading
 from dataclasses import dataclass, field
 
 # Bucket edges of log Q (natural log), high to low; bucket b holds log Q in (EDGES[b + 1], EDGES[b]].
@@ -206,6 +207,18 @@ class CostAwareBudget:
         self.limit = min(max_budget, 16)  # this cycle's cap, see `cap`
         self.recent: list[int] = []  # sizes chosen in the last drafted cycles
         self.declined, self.probe_interval = 0, PROBE_START  # see `_probe_due`
+        self._choices = threading.local()  # see `_state`
+
+    @property
+    def _state(self) -> dict:
+        """This cycle's size choice, `{"length": A_cal, "rate": tokens per second}`: `SizeRule.size` and
+        `common_size` write it, `chose` reads it. Kept per thread: calls in several threads may share a budget,
+        and one call's choice must not become another's."""
+        return self._choices.state
+
+    @_state.setter
+    def _state(self, value: dict) -> None:
+        self._choices.state = value
 
     def start_call(self) -> None:
         """A new decoding call, i.e. a new text: the probes start over (`_probe_due`), since a calibration that

@@ -4,6 +4,7 @@ choice, alone."""
 import functools
 import math
 import random
+import threading
 
 import pytest
 import torch
@@ -306,3 +307,17 @@ def test_a_node_the_drafter_gives_probability_zero_is_never_drafted():
         assert all(math.isfinite(score) for score in tree.path_logprobs), name
     rule = budget.size_rule()
     assert rule(1, -0.1) and not rule(2, -math.inf)
+
+
+def test_calls_in_two_threads_sharing_a_budget_each_get_their_own_choice():
+    # thread A chooses its tree, then thread B chooses another on the same budget before A reads its choice back
+    cost = CycleCost()
+    cost.set_probe([1, 2, 4, 8, 16], [1.0, 1.0, 1.0, 1.0, 1.0])
+    budget, calibration = CostAwareBudget(16, identity_calibration(), cost), identity_calibration()
+    a_log_qs, b_log_qs, b_predicted = [-0.01, -3.0], [-0.01] * 12, []
+    a_nodes = choose(budget, a_log_qs)
+    thread = threading.Thread(target=lambda: b_predicted.append(budget.chose(choose(budget, b_log_qs))))
+    thread.start()
+    thread.join(timeout=60)
+    assert b_predicted[0] == pytest.approx(1 + 12 * calibration(-0.01))
+    assert a_nodes > 0 and budget.chose(a_nodes) == pytest.approx(1 + sum(map(calibration, a_log_qs[:a_nodes])))
