@@ -16,7 +16,7 @@ import torch
 from torch.nn.utils.rnn import pad_sequence
 
 from .columns import INPUT_IDS, PROMPT_LENGTH
-from .features import target_fingerprint
+from .features import FINGERPRINT_FORMAT, target_fingerprint
 from .prompts import encode_prompt, eos_token_ids, pad_token_id_of
 
 # Beside the rows file `NAME.jsonl` of `generate_training_data(..., output_path=...)`: how they were generated.
@@ -147,6 +147,9 @@ def generation_settings(target, max_new_tokens: int, apply_chat_template: bool, 
             {
                 "target": getattr(target, "name_or_path", None) or "",
                 "target_fingerprint": target_fingerprint(target),
+                # 2: every parameter byte is hashed (`features.target_fingerprint`); a file written under format 1
+                # is refused with this line naming the change, not as another target's.
+                "target_fingerprint_format": FINGERPRINT_FORMAT,
                 "target_dtype": str(target.dtype),
                 "max_new_tokens": max_new_tokens,
                 "apply_chat_template": apply_chat_template,

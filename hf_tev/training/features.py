@@ -48,7 +48,8 @@ FEATURES_NAME = "features.bin"
 INDEX_NAME = "index.json"
 LOCK_NAME = "update.lock"
 # 2: the target fingerprint hashes every parameter byte (1 hashed the first 256 entries of each).
-CACHE_FORMAT = 2
+FINGERPRINT_FORMAT = 2
+CACHE_FORMAT = FINGERPRINT_FORMAT
 # Storage dtypes: torch dtype -> the numpy dtype of its bytes (bfloat16 is kept as raw 16-bit words).
 STORAGE_DTYPES = {torch.float16: np.float16, torch.bfloat16: np.int16, torch.float32: np.float32}
 # Architecture fields of the target's config that change its hidden states.
