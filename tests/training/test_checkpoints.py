@@ -56,6 +56,14 @@ DAMAGES = {
         lambda c: (c / "optimizer.pt").write_bytes(b"not a torch file" * 10),
         r"optimizer.pt is damaged \(not a torch.save file",
     ),
+    "garbage rng_state.pth": (
+        lambda c: (c / "rng_state.pth").write_bytes(b"\0" * 100),
+        r"rng_state.pth is damaged \(not a torch.save file",
+    ),
+    "truncated opd_rollouts_0.json": (
+        lambda c: (c / "opd_rollouts_0.json").write_text('{"refresh": 0, "rollouts": [{"input_ids": [1, 2'),
+        r"opd_rollouts_0.json is damaged \(not valid JSON: line 1 column \d+",
+    ),
     "truncated optimizer.pt": (
         lambda c: cut_in_half(c / "optimizer.pt"),
         r"optimizer.pt is damaged \(not a torch.save file",
