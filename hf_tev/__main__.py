@@ -8,7 +8,7 @@ COMMANDS = {
     "bench": (
         "hf_tev.bench.cli",
         "decoding methods side by side: tau, coverage, SR, stage times "
-        "(`hf-tev bench report bench.json` re-renders a stored run)",
+        "(`hf-tev bench recipe.yaml` or flags; `hf-tev bench report bench.json` re-renders a stored run)",
     ),
     "train": (
         "hf_tev.training.cli",

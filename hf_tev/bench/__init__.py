@@ -1,14 +1,17 @@
 """`hf-tev bench`: decoding methods side by side in one process, interleaved per prompt.
 
     hf-tev bench --methods ar,ddtree,tev --drafters drafter-exittrain --budgets 32,64 --temperatures 0,0.6 \
-        --prompt-sets humaneval --max-prompts 4 --max-new-tokens 64 --output bench_out
+        --prompt_sets humaneval --max_prompts 4 --max_new_tokens 64 --output bench_out
+    hf-tev bench recipe.yaml                        # the same options from a YAML / JSON file
     hf-tev bench report bench_out/bench.json       # re-render bench.md and bench.png, no run
 
-(`hf-tev bench --help` for every option.) The package: `methods` (the registries `METHODS` and `PROMPT_SETS`),
-`config` (`BenchConfig`, and what `generate` gets from it), `loading` (models and prompts), `measure` (one timed
-`generate` call: `Job`, `ForwardProbe`, `Run`), `runner` (`run_bench`: the plan and the interleaved loop, batch size
-one of its axes), `records` (the JSON document and its records), `replay` (`same_tree_verifier_stage`), `report`
-(bench.md and bench.png from the document alone) and `cli`.
+(`hf-tev bench --help` for every option; docs/bench.md for the user's guide.) The package: `methods` (the
+registries `METHODS` and `PROMPT_SETS`), `config` (`BenchConfig`, and what `generate` gets from it), `loading`
+(`check_sources`, models and prompts), `measure` (one timed `generate` call: `Job`, `ForwardProbe`, `Run`),
+`runner` (`run_bench`: the plan and the interleaved loop, batch size one of its axes), `records` (the JSON
+document and its records), `replay` (`same_tree_verifier_stage`), `summary` (labels, order and spreads over
+prompts read from records), `report` (bench.md and the files, from the document alone), `plot` (bench.png) and
+`cli` (`HfArgumentParser` over `BenchArguments`, the fields of `BenchConfig`).
 
 Methods (`METHODS`): `ar` (the target's plain `generate`), `assisted` (transformers' assisted generation with a
 small causal assistant, the kit's `assistant-ar` by default), `prompt_lookup` (transformers' prompt lookup
@@ -16,9 +19,9 @@ decoding), `dflash_native` (transformers' own `speculation_type="dflash"` chain 
 `chain` (`TEVConfig(tree="chain")`, at most block_size - 1 nodes), `ddtree` (best-first tree, verifier
 `"predraw"`) and `tev` (best-first tree, Tree Exit Verification). `ar` always runs: it is the reference for SR and
 for the greedy exactness check. T = 0 is greedy; T > 0 is pure temperature sampling (top-k / top-p / min-p off
-unless `--top-k` / `--top-p` / `--min-p`). By default every run produces exactly `max_new_tokens` tokens
+unless `--top_k` / `--top_p` / `--min_p`). By default every run produces exactly `max_new_tokens` tokens
 (`eos_token_id=None`), so that at T > 0, where methods draw different samples, the SR time ratio still compares
-equal work; `--stop-at-eos` stops at EOS.
+equal work; `--stop_at_eos` stops at EOS.
 
 What is measured, per method x drafter x budget x temperature x prompt set:
 - tau: mean output-block length including the bonus token. hf_tev methods: accepted drafted nodes + 1 per cycle,
@@ -57,7 +60,9 @@ table) and `bench.png` (tau and SR against budget). JSON schema (`"schema": "hf_
       "cycles", "tau", "tau_counted", "coverage", "coverage_z", "time_s", "ar_time_s", "speedup",
       "tokens_per_s", "greedy_exact", "tokens_sha1", "draft_ms", "build_ms", "forward_ms", "verify_ms",
       "cycle_ms", "model_ms", "overhead_ms", "overhead_fraction", "setup_ms", "prefill_ms",
-      "verifier_stage_ms", "verifier_stage_ddtree_ms", "verifier_stage_reduction", "verifier_stage_cycles"}
+      "verifier_stage_ms", "verifier_stage_ddtree_ms", "verifier_stage_reduction", "verifier_stage_cycles",
+      "tree_size_mean", "tree_size_quartiles", "plain_cycle_fraction", "predicted_tau",
+      "per_prompt": {field: [each prompt's own value of that field, in prompt order]}}
 
 Fields that do not apply are null. `tokens_sha1` hashes every prompt's generated ids (first repeat), so records
 can be compared for identical output. Timings are wall clock on a possibly shared machine: the load average is
@@ -67,9 +72,17 @@ float64 CDF over [N, V] at large B) pays page faults each time; `MALLOC_MMAP_THR
 `MALLOC_TRIM_THRESHOLD_` change that, and the machine record keeps any `MALLOC_*` setting.
 """
 
-from .cli import build_parser, build_report_parser, main, report_main
+from .cli import (
+    BenchArguments,
+    build_parser,
+    build_report_parser,
+    config_from_arguments,
+    main,
+    parse_config,
+    report_main,
+)
 from .config import DTYPES, BenchConfig, generation_settings, sampling_kwargs
-from .loading import BenchModels, load_models, load_prompt_texts, tokenize_prompts
+from .loading import BenchModels, check_sources, load_models, load_prompt_texts, tokenize_prompts
 from .measure import ForwardProbe, Job, Run, capture_logits_processor, run_once
 from .methods import (
     METHODS,
@@ -82,25 +95,47 @@ from .methods import (
     register_method,
     register_prompt_set,
 )
-from .records import RECORD_FIELDS, check_load, greedy_mismatch, machine_info, make_records, summarise, z_statistic
+from .plot import batch_figure, budget_figure, plot_report
+from .records import (
+    PER_PROMPT_FIELDS,
+    RECORD_FIELDS,
+    check_load,
+    greedy_mismatch,
+    machine_info,
+    make_records,
+    summarise,
+    z_statistic,
+)
 from .replay import same_tree_verifier_stage
 from .report import (
     JSON_NAME,
     MARKDOWN_NAME,
+    OUTPUT_NAMES,
     PLOT_NAME,
-    SCHEMA,
     STAGE_COLUMNS,
     check_output_folder,
     markdown_report,
-    plot_report,
+    markdown_table,
     read_document,
     write_outputs,
     write_report,
 )
 from .runner import plan_jobs, plan_replays, run_bench
+from .summary import BATCH_SCHEMA, SCHEMA, prompt_spread
 
 __all__ = [
+    "BATCH_SCHEMA",
     "DTYPES",
+    "OUTPUT_NAMES",
+    "PER_PROMPT_FIELDS",
+    "BenchArguments",
+    "batch_figure",
+    "budget_figure",
+    "check_sources",
+    "config_from_arguments",
+    "markdown_table",
+    "parse_config",
+    "prompt_spread",
     "JSON_NAME",
     "MARKDOWN_NAME",
     "METHODS",

@@ -1,20 +1,34 @@
 """The command line of `hf-tev bench` (also `python -m hf_tev.bench`): `main(argv, prog)`.
 
-`hf-tev bench [options]` runs the bench and writes bench.json, bench.md and bench.png; `hf-tev bench report
-DIR/bench.json [--output DIR2]` re-renders bench.md and bench.png from a stored bench.json, running nothing.
+`hf-tev bench [options]` (or `hf-tev bench recipe.yaml [options]`) runs the bench and writes bench.json, bench.md and
+bench.png; `hf-tev bench report DIR/bench.json [--output DIR2]` re-renders bench.md and bench.png from a stored
+bench.json, running nothing. The options are the fields of `BenchConfig`, parsed by transformers'
+`HfArgumentParser` as `hf-tev train` parses its own: `--max_new_tokens` and `--max-new-tokens` both work, lists are
+comma- or space-separated, and a YAML / JSON file of the same names can come first (options after it override it).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
-from dataclasses import fields
+import typing
+from dataclasses import field, fields, make_dataclass
 from pathlib import Path
 
 from ..kit import KIT_DRAFTERS
 from .config import DTYPES, BenchConfig
+from .loading import check_sources
 from .methods import METHODS, PROMPT_SETS, REFERENCE_METHOD
-from .report import JSON_NAME, check_output_folder, markdown_report, read_document, write_outputs, write_report
+from .report import (
+    JSON_NAME,
+    OUTPUT_NAMES,
+    check_output_folder,
+    markdown_report,
+    read_document,
+    write_outputs,
+    write_report,
+)
 from .runner import run_bench
 
 DESCRIPTION = """\
@@ -22,31 +36,93 @@ Decoding methods side by side in one process, interleaved per prompt: tau, 1 + C
 
     hf-tev bench                                    # the full table on the tiny kit (long on a CPU)
     hf-tev bench --methods ar,ddtree,tev --drafters drafter-exittrain --budgets 32,64 --temperatures 0 \\
-        --prompt-sets humaneval --max-prompts 4 --max-new-tokens 64 --output bench_out
+        --prompt_sets humaneval --max_prompts 4 --max_new_tokens 64 --output bench_out
     hf-tev bench --methods ddtree,tev --drafters drafter-exittrain --budgets 32,64,128 --temperatures 0.6 \\
-        --prompt-sets humaneval --output bench_t06  # the paper's Table 3 is at T = 0.6
+        --prompt_sets humaneval --output bench_t06  # the paper's Table 3 is at T = 0.6
     python -m hf_tev.bench --target Qwen/Qwen3-4B --drafters z-lab/Qwen3-4B-DFlash-b16 --assistant Qwen/Qwen3-0.6B \\
-        --device cuda --dtype bfloat16 --prompt-sets mt_bench,humaneval,gsm8k,math500 --temperatures 0,0.6,1
-    hf-tev bench --methods ar,tev --drafters drafter-dflash-l135 --budgets 8,auto --batch-sizes 1,4,8 \\
-        --temperatures 0 --max-prompts 8 --max-new-tokens 32 --output bench_batch   # batches against batched ar
+        --device cuda --dtype bfloat16 --prompt_sets mt_bench,humaneval,gsm8k,math500 --temperatures 0,0.6,1
+    hf-tev bench --methods ar,tev --drafters drafter-dflash-l135 --budgets 8,auto --batch_sizes 1,4,8 \\
+        --temperatures 0 --max_prompts 8 --max_new_tokens 32 --output bench_batch   # batches against batched ar
+    hf-tev bench recipe.yaml --output bench_2     # the options of a YAML / JSON file; options after it override it
     hf-tev bench report bench_out/bench.json --output elsewhere   # re-render bench.md / bench.png, no run
 
+Every option has both spellings (--max_new_tokens, --max-new-tokens); lists are comma- or space-separated.
 Every run uses the same prompts, max_new_tokens, dtype and device. Within one temperature and prompt set, the
 runs are interleaved per prompt (all methods on prompt 1, --repeats times in rotating order, then prompt 2, ...),
 and every run of a prompt starts from the same seed. `ar` always runs: it is the reference for SR and for the
 greedy exactness check. T = 0 is greedy; T > 0 is pure temperature sampling from the target (top-k, top-p and
-min-p off, whatever the model's generation config says, unless --top-k / --top-p / --min-p are given). Every run
-produces exactly max_new_tokens tokens unless --stop-at-eos. bench.json records the settings each temperature
-passed to `generate` (settings.generation); its schema is in hf_tev.bench's docstring.
+min-p off, whatever the model's generation config says, unless --top_k / --top_p / --min_p are given). Every run
+produces exactly max_new_tokens tokens unless --stop_at_eos. bench.json records the settings each temperature
+passed to `generate` (settings.generation); its schema is in docs/bench.md.
 """
 
 REPORT_DESCRIPTION = """\
 Re-render bench.md and bench.png from a bench.json written by `hf-tev bench`, without running anything.
 The markdown is the one the run wrote (byte for byte, with the same hf_tev)."""
 
+# Every field of BenchConfig, in the order `--help` lists them (what users look for first at the top), with its help.
+OPTIONS = {
+    "target": "the target model: a Hub id or a folder (default: the tiny kit's target)",
+    "drafters": f"DFlash drafters: kit names ({', '.join(KIT_DRAFTERS)}) or folders / Hub ids (default: the kit "
+    "drafters present)",
+    "methods": f"from {', '.join(METHODS)} (default: all; {REFERENCE_METHOD} is always added)",
+    "budgets": "tree budgets: ints >= 0 and/or auto, the automatic budget (default: auto,4,16,64; 0: no tree, "
+    "every cycle one plain target forward through hf_tev's loop)",
+    "temperatures": "0: greedy; > 0: pure temperature sampling (default: 0,1; the paper's Table 3 is at 0.6)",
+    "prompt_sets": f"from {', '.join(PROMPT_SETS)} (default: all)",
+    "max_prompts": "prompts per set, the first ones (default: 16)",
+    "max_new_tokens": "tokens per run, exactly unless --stop_at_eos (default: 128)",
+    "output": "folder for bench.json, bench.md and bench.png (default: bench_out)",
+    "overwrite_output_dir": "replace the bench.json / bench.md / bench.png an earlier run left in --output "
+    "(without it such a folder is refused before the run)",
+    "assistant": "causal assistant for 'assisted', with the target's tokenizer (kit: assistant-ar)",
+    "device": "default: cuda when available, else cpu",
+    "dtype": "default: float32",
+    "threads": "torch threads, >= 1 (default: 1 on CPU)",
+    "repeats": "timed runs per prompt and method; the median is kept (default: 3)",
+    "batch_sizes": "e.g. 1,4,8: the batch bench instead (prompts R at a time; hf_tev methods against batched ar)",
+    "top_k": "top-k at T > 0 (default: off)",
+    "top_p": "top-p at T > 0 (default: off)",
+    "min_p": "min-p at T > 0 (default: off)",
+    "stop_at_eos": "stop at EOS (default: exactly max_new_tokens)",
+    "seed": "prompt i of every method runs from seed + i (default: 0)",
+    "prompt_lookup_num_tokens": "prompt_lookup's n-gram draft length (default: 10)",
+    "chat_template": "wrap prompts in the tokenizer's chat template when it has one (default: on; --no_chat_template)",
+    "progress": "a progress bar (default: on; --no_progress)",
+    "allow_pickle_target": "load a target (and assistant) without safetensors weights through transformers' "
+    "weights_only pickle loading (default: safetensors only)",
+}
+LISTS = {
+    "methods": str,
+    "drafters": str,
+    "budgets": None,
+    "temperatures": float,
+    "prompt_sets": str,
+    "batch_sizes": int,
+}
+EXTRA = {"drafters": {"aliases": ["--drafter"]}, "dtype": {"choices": sorted(DTYPES)}}
 
-def _csv(text, cast=str):
-    return [cast(item.strip()) for item in str(text).split(",") if item.strip()]
+
+def _argument_field(name: str, kind) -> tuple:
+    """The `BenchArguments` field of BenchConfig's field `name`: lists as strings (split below), booleans as flags,
+    everything else optional (None: BenchConfig's default)."""
+    metadata = {"help": OPTIONS[name], **EXTRA.get(name, {})}
+    if name in LISTS:
+        return name, list[str] | None, field(default=None, metadata=metadata)
+    if kind is bool:
+        default = next(f.default for f in fields(BenchConfig) if f.name == name)
+        return name, bool, field(default=default, metadata=metadata)
+    base = next((t for t in typing.get_args(kind) if t is not type(None)), kind)
+    return name, base | None, field(default=None, metadata=metadata)
+
+
+def _bench_arguments():
+    """The dataclass `HfArgumentParser` parses: a field per entry of `OPTIONS` (every field of BenchConfig)."""
+    hints = typing.get_type_hints(BenchConfig)
+    return make_dataclass("BenchArguments", [_argument_field(name, hints[name]) for name in OPTIONS])
+
+
+BenchArguments = _bench_arguments()
 
 
 def _registry_listing() -> str:
@@ -55,68 +131,17 @@ def _registry_listing() -> str:
     return f"methods:\n{methods}\n\nprompt sets:\n{sets}"
 
 
-def _budget(text: str) -> int | str:
-    return "auto" if text == "auto" else int(text)
-
-
 def build_parser(prog="hf-tev bench") -> argparse.ArgumentParser:
-    defaults = {f.name: f.default for f in fields(BenchConfig)}
-    parser = argparse.ArgumentParser(
+    """`HfArgumentParser` over `BenchArguments` (every field of `BenchConfig`)."""
+    from transformers import HfArgumentParser
+
+    return HfArgumentParser(
+        BenchArguments,
         prog=prog,
         description=DESCRIPTION,
         epilog=_registry_listing(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument(
-        "--methods",
-        type=_csv,
-        default=None,
-        help=f"comma-separated, from {', '.join(METHODS)} (default: all; {REFERENCE_METHOD} is always added)",
-    )
-    parser.add_argument(
-        "--drafters",
-        "--drafter",
-        type=_csv,
-        default=None,
-        help=f"kit drafters ({', '.join(KIT_DRAFTERS)}; default: those present) or folders / Hub ids",
-    )
-    parser.add_argument(
-        "--budgets",
-        type=lambda s: _csv(s, _budget),
-        default=None,
-        help="ints and/or auto (the automatic budget); default auto,4,16,64",
-    )
-    parser.add_argument(
-        "--temperatures",
-        type=lambda s: _csv(s, float),
-        default=None,
-        help="default 0,1 (0: greedy; the paper's Table 3 is at 0.6)",
-    )
-    parser.add_argument("--top-k", type=int, default=None, help="top-k at T > 0 (default: off)")
-    parser.add_argument("--top-p", type=float, default=None, help="top-p at T > 0 (default: off)")
-    parser.add_argument("--min-p", type=float, default=None, help="min-p at T > 0 (default: off)")
-    parser.add_argument("--prompt-sets", type=_csv, default=None, help=f"from {', '.join(PROMPT_SETS)} (default: all)")
-    parser.add_argument("--max-prompts", type=int, default=defaults["max_prompts"])
-    parser.add_argument("--max-new-tokens", type=int, default=defaults["max_new_tokens"])
-    parser.add_argument("--repeats", type=int, default=defaults["repeats"], help="timed runs per prompt (median)")
-    parser.add_argument("--output", default=defaults["output"], help="folder for bench.json/.md/.png")
-    parser.add_argument("--target", default=None, help="model id or folder (default: the tiny kit's target)")
-    parser.add_argument("--assistant", default=None, help="causal assistant for 'assisted' (kit: assistant-ar)")
-    parser.add_argument("--device", default=None, help="default: cuda when available, else cpu")
-    parser.add_argument("--dtype", default=defaults["dtype"], choices=sorted(DTYPES))
-    parser.add_argument("--threads", type=int, default=None, help="torch threads (default 1 on CPU)")
-    parser.add_argument("--seed", type=int, default=defaults["seed"])
-    parser.add_argument("--prompt-lookup-num-tokens", type=int, default=defaults["prompt_lookup_num_tokens"])
-    parser.add_argument("--stop-at-eos", action="store_true", help="stop at EOS (default: exactly max_new_tokens)")
-    parser.add_argument(
-        "--batch-sizes",
-        type=lambda s: _csv(s, int),
-        default=None,
-        help="e.g. 1,4,8: the batch bench instead (prompts R at a time; hf_tev methods against batched ar)",
-    )
-    parser.add_argument("--no-chat-template", dest="chat_template", action="store_false")
-    parser.add_argument("--no-progress", dest="progress", action="store_false")
-    return parser
 
 
 def build_report_parser(prog="hf-tev bench report") -> argparse.ArgumentParser:
@@ -125,7 +150,75 @@ def build_report_parser(prog="hf-tev bench report") -> argparse.ArgumentParser:
     parser.add_argument(
         "--output", type=Path, default=None, help="folder for bench.md and bench.png (default: the folder of the json)"
     )
+    parser.add_argument(
+        "--overwrite_output_dir",
+        "--overwrite-output-dir",
+        action="store_true",
+        help="replace the bench files of another run in --output (the json's own folder is always re-rendered)",
+    )
     return parser
+
+
+def _cast(name: str, item):
+    """One item of list option `name`, as BenchConfig takes it."""
+    if name == "budgets":
+        if item == "auto" or isinstance(item, int):
+            return item
+        if isinstance(item, str) and item.strip().lstrip("-").isdigit():
+            return int(item)
+        raise ValueError(f"--budgets: {item!r} is neither an int nor auto")
+    try:
+        return LISTS[name](item)
+    except (TypeError, ValueError):
+        raise ValueError(f"--{name}: {item!r} is not {'a number' if LISTS[name] is float else 'an int'}") from None
+
+
+def config_from_arguments(values: dict) -> BenchConfig:
+    """`BenchConfig` from the parsed options (None: its default). List items may hold comma-separated values."""
+    values = {name: value for name, value in values.items() if value is not None}
+    for name in LISTS.keys() & values.keys():
+        given = values[name] if isinstance(values[name], list) else [values[name]]
+        items = [part for item in given for part in (item.split(",") if isinstance(item, str) else [item])]
+        items = [item.strip() if isinstance(item, str) else item for item in items]
+        values[name] = [_cast(name, item) for item in items if item != ""]
+    for name, every in (("methods", list(METHODS)), ("prompt_sets", list(PROMPT_SETS))):  # "all": the default list
+        if values.get(name) == ["all"]:
+            values[name] = every
+    return BenchConfig(**values)
+
+
+def _read_options_file(parser, path: str) -> None:
+    """A YAML / JSON mapping of option names to values becomes the parser's defaults."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+        import yaml
+
+        values = json.loads(text) if path.endswith(".json") else yaml.safe_load(text)
+    except (OSError, ValueError) as error:  # yaml.YAMLError is a ValueError
+        parser.error(f"cannot read {path}: {error}")
+    if not isinstance(values, dict):
+        parser.error(f"{path} must hold a mapping of option names to values, got {type(values).__name__}")
+    values = {str(name).replace("-", "_"): value for name, value in values.items()}
+    unknown = sorted(set(values) - set(OPTIONS))
+    if unknown:
+        parser.error(f"{path}: unknown options {unknown}; known: {list(OPTIONS)}")
+    parser.set_defaults(**values)
+
+
+def parse_config(argv: list[str], prog: str = "hf-tev bench") -> BenchConfig:
+    """The checked `BenchConfig` of a command line: options, or a YAML / JSON file first and options after it."""
+    parser = build_parser(prog)
+    if argv and not argv[0].startswith("-") and argv[0].endswith((".yaml", ".yml", ".json")):
+        _read_options_file(parser, argv[0])
+        argv = argv[1:]
+    (arguments,) = parser.parse_args_into_dataclasses(args=argv, look_for_args_file=False)
+    try:  # every check that needs no model, before any is loaded
+        config = config_from_arguments(vars(arguments))
+        check_sources(config)
+        check_output_folder(config.output, overwrite=config.overwrite_output_dir)
+    except ValueError as error:
+        parser.error(str(error))
+    return config
 
 
 def main(argv: list[str] | None = None, prog: str = "hf-tev bench") -> dict:
@@ -133,17 +226,7 @@ def main(argv: list[str] | None = None, prog: str = "hf-tev bench") -> dict:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["report"]:
         return report_main(argv[1:], prog=f"{prog} report")
-    parser = build_parser(prog)
-    args = vars(parser.parse_args(argv))
-    expand = {"methods": list(METHODS), "prompt_sets": list(PROMPT_SETS)}
-    for name, every in expand.items():  # "all" is the default list
-        if args[name] == ["all"]:
-            args[name] = every
-    try:  # every check that needs no model, before any is loaded
-        config = BenchConfig(**{k: v for k, v in args.items() if v is not None})
-        check_output_folder(config.output)
-    except ValueError as error:
-        parser.error(str(error))
+    config = parse_config(argv, prog)
     document = run_bench(config)
     paths = write_outputs(document, config.output)
     print(markdown_report(document))
@@ -155,9 +238,10 @@ def report_main(argv: list[str], prog: str = "hf-tev bench report") -> dict:
     parser = build_report_parser(prog)
     args = parser.parse_args(argv)
     output = args.json.parent if args.output is None else args.output
+    own_folder = Path(output).resolve() == args.json.resolve().parent  # re-rendering the json's own files
     try:
         document = read_document(args.json)
-        check_output_folder(output)
+        check_output_folder(output, overwrite=own_folder or args.overwrite_output_dir, replaced=OUTPUT_NAMES)
     except ValueError as error:
         parser.error(str(error))
     paths = write_report(document, output)

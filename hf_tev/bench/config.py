@@ -36,12 +36,17 @@ class BenchConfig:
         max_new_tokens (`int`, defaults to 128): tokens per run (exactly, unless `stop_at_eos`).
         repeats (`int`, defaults to 3): timed runs per prompt and method; the median is kept.
         output (`str`, defaults to `"bench_out"`): folder for bench.json, bench.md, bench.png.
+        overwrite_output_dir (`bool`, defaults to False): replace the bench.json, bench.md and bench.png an earlier
+            run left in `output`; without it a folder holding any of them is refused before the run.
         target (`str`, *optional*): model id or folder; default: the tiny kit's target.
+        allow_pickle_target (`bool`, defaults to False): the target (and the assistant) load from safetensors
+            only unless this is set; then transformers' own loading, which reads pickle weights with
+            `torch.load(weights_only=True)`.
         assistant (`str`, *optional*): causal assistant for `assisted`; default: the kit's `assistant-ar` when the
             target is the kit's.
         device (`str`, *optional*): default `cuda` when available, else `cpu`; a CUDA device without CUDA is an
             error. dtype (`str`, defaults to float32).
-        threads (`int`, *optional*): `torch.set_num_threads`; default 1 on CPU, untouched elsewhere.
+        threads (`int`, *optional*): `torch.set_num_threads` (>= 1); default 1 on CPU, untouched elsewhere.
         seed (`int`, defaults to 0): prompt i of every method runs from `torch.manual_seed(seed + i)`.
         prompt_lookup_num_tokens (`int`, defaults to 10), stop_at_eos (`bool`, defaults to False),
         chat_template (`bool`, defaults to True: applied when the tokenizer has one), progress (`bool`).
@@ -73,6 +78,8 @@ class BenchConfig:
     chat_template: bool = True
     progress: bool = True
     batch_sizes: list[int] | None = None
+    overwrite_output_dir: bool = False
+    allow_pickle_target: bool = False
 
     def __post_init__(self):
         self._check_registry_names()
@@ -132,6 +139,8 @@ class BenchConfig:
             not self.batch_sizes or any(not _is_int_at_least(r, 1) for r in self.batch_sizes)
         ):
             raise ValueError(f"batch_sizes must be non-empty ints >= 1, got {self.batch_sizes}")
+        if self.threads is not None and not _is_int_at_least(self.threads, 1):
+            raise ValueError(f"threads must be an int >= 1 (torch threads), got {self.threads!r}")
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
 

@@ -1,9 +1,17 @@
 """Loading what the bench runs on: the models (`load_models` gives `BenchModels`: the target, its tokenizer, the
-drafters and the causal assistant) and the prompts (`load_prompt_texts`, then `tokenize_prompts`)."""
+drafters and the causal assistant) and the prompts (`load_prompt_texts`, then `tokenize_prompts`).
+
+`check_sources(config)` checks, before anything is loaded, that every folder named exists and holds what its
+option needs (a DFlash drafter for `--drafters`, safetensors weights for `--target` unless
+`--allow_pickle_target`), and that a Hub id can be fetched (in the local cache when the Hub is offline).
+"""
 
 from __future__ import annotations
 
+import json
+import os
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -11,6 +19,9 @@ from ..kit import KIT_DRAFTERS, load_kit_model, load_kit_tokenizer
 from .config import DTYPES, BenchConfig
 from .methods import METHODS, PROMPT_SETS, hub_unreachable_reason
 from .records import add_warning
+
+SAFETENSORS_NAMES = ("model.safetensors", "model.safetensors.index.json")
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 
 
 @dataclass
@@ -33,29 +44,143 @@ class BenchModels:
         return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
 
 
+# --------------------------------------------------------------------------------------------------------
+# What the options name, checked before anything is loaded
+# --------------------------------------------------------------------------------------------------------
+def _assistant_name(config: BenchConfig) -> str | None:
+    """The assistant the run loads: `--assistant`, else the kit's `assistant-ar` on the kit; None when no method
+    needs one."""
+    if not any(METHODS[m].uses_assistant for m in config.methods):
+        return None
+    return config.assistant or ("assistant-ar" if config.target is None else None)
+
+
+def _is_kit_model(config: BenchConfig, name: str, kit_names) -> bool:
+    return config.target is None and name in kit_names
+
+
+def check_sources(config: BenchConfig) -> None:
+    """Raise `ValueError` naming the option and the cause when a model `config` names cannot be what its option
+    needs: a folder that does not exist, a drafter folder that holds no DFlash drafter, a target folder without
+    safetensors weights (unless `allow_pickle_target`), or, with the Hub offline, a Hub id not in the cache."""
+    named = [("--target", config.target, True)] if config.target is not None else []
+    assistant = _assistant_name(config)
+    if assistant is not None and not _is_kit_model(config, assistant, ("assistant-ar",)):
+        named.append(("--assistant", assistant, True))
+    named += [("--drafters", d, False) for d in config.drafters if not _is_kit_model(config, d, KIT_DRAFTERS)]
+    for option, name, causal_lm in named:
+        if not _check_source(option, name):
+            continue  # a Hub id: transformers fetches it (and its errors name it)
+        if causal_lm:
+            _check_safetensors(option, name, config.allow_pickle_target)
+        else:
+            _check_drafter_folder(name)
+
+
+def _check_source(option: str, name: str) -> bool:
+    """True when `name` is a local folder; else it must be a Hub id, in the local cache when the Hub is offline."""
+    if Path(name).is_dir():
+        return True
+    from huggingface_hub import constants, try_to_load_from_cache
+    from huggingface_hub.errors import HFValidationError
+    from huggingface_hub.utils import validate_repo_id
+
+    looks_local = os.path.isabs(name) or name.startswith((".", "~")) or Path(name).exists()
+    try:
+        validate_repo_id(name)
+    except HFValidationError:
+        looks_local = True
+    if looks_local:
+        what = "is a file, not a folder" if Path(name).exists() else "does not exist"
+        raise ValueError(f"{option}: the folder {name!r} {what}")
+    if constants.is_offline_mode() and not isinstance(try_to_load_from_cache(name, "config.json"), str):
+        raise ValueError(
+            f"{option}: {name!r} is no folder here, and as a Hub id it is not in the local cache while the Hub is "
+            "offline (HF_HUB_OFFLINE)"
+        )
+    return False
+
+
+def _listing(folder: Path, shown: int = 8) -> str:
+    names = sorted(p.name + ("/" if p.is_dir() else "") for p in folder.iterdir())
+    return (", ".join(names[:shown]) + (f" and {len(names) - shown} more" if len(names) > shown else "")) or "nothing"
+
+
+def _check_drafter_folder(name: str) -> None:
+    """A drafter folder holds a DFlash drafter's config.json: `dflash_config`, or a `DFlash*` architecture."""
+    folder = Path(name)
+    config_path = folder / "config.json"
+    if not config_path.is_file():
+        raise ValueError(
+            f"--drafters: {name!r} is not a DFlash drafter: it has no config.json (it holds {_listing(folder)})"
+        )
+    try:
+        config = json.loads(config_path.read_text())
+    except ValueError as error:
+        raise ValueError(f"--drafters: {config_path} is not valid JSON: {error}") from None
+    architectures = config.get("architectures") or []
+    if "dflash_config" in config or any("dflash" in str(a).lower() for a in architectures):
+        return
+    model = ", ".join(map(str, architectures)) or "no architectures"
+    raise ValueError(
+        f"--drafters: {name!r} is not a DFlash drafter: its config.json describes a {model} "
+        f"(model_type {config.get('model_type')!r}) with no dflash_config; it holds {_listing(folder)}. "
+        "A DFlash drafter's config.json has a dflash_config and architectures ['DFlashDraftModel']"
+    )
+
+
+def _check_safetensors(option: str, name: str, allow_pickle: bool) -> None:
+    """A model folder holds safetensors weights, unless pickle weights are allowed."""
+    folder = Path(name)
+    if allow_pickle or any((folder / n).is_file() for n in SAFETENSORS_NAMES):
+        return
+    pickles = sorted(p.name for p in folder.iterdir() if p.name.endswith(PICKLE_SUFFIXES))
+    found = f"it holds pickle weights ({', '.join(pickles)})" if pickles else f"it holds {_listing(folder)}"
+    raise ValueError(
+        f"{option}: the folder {name!r} has no model.safetensors; {found}. hf-tev bench loads models from "
+        "safetensors only: pass --allow_pickle_target to load pickle weights (transformers' weights_only loading)"
+    )
+
+
+# --------------------------------------------------------------------------------------------------------
+# The models
+# --------------------------------------------------------------------------------------------------------
+def _load_causal_lm(option: str, name: str, config: BenchConfig, **kwargs):
+    """`AutoModelForCausalLM.from_pretrained`, safetensors only unless `allow_pickle_target`."""
+    from transformers import AutoModelForCausalLM
+
+    safe = None if config.allow_pickle_target else True
+    try:
+        model = AutoModelForCausalLM.from_pretrained(name, dtype=DTYPES[config.dtype], use_safetensors=safe, **kwargs)
+    except OSError as error:
+        if safe and "safetensors" in str(error):
+            raise ValueError(
+                f"{option}: {name!r} has no safetensors weights; hf-tev bench loads models from safetensors only: "
+                "pass --allow_pickle_target to load pickle weights (transformers' weights_only loading)"
+            ) from error
+        raise
+    return model.to(config.device).eval()
+
+
 def load_models(config: BenchConfig) -> BenchModels:
+    check_sources(config)
     dtype, device = DTYPES[config.dtype], config.device
-    needs_assistant = any(METHODS[m].uses_assistant for m in config.methods)
     if config.target is None:
         target, tokenizer = load_kit_model("target", dtype, device), load_kit_tokenizer()
-        assistant_name = config.assistant or ("assistant-ar" if needs_assistant else None)
     else:
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoTokenizer
 
-        target = AutoModelForCausalLM.from_pretrained(config.target, dtype=dtype, attn_implementation="sdpa")
-        target, tokenizer = target.to(device).eval(), AutoTokenizer.from_pretrained(config.target)
-        assistant_name = config.assistant
+        target = _load_causal_lm("--target", config.target, config, attn_implementation="sdpa")
+        tokenizer = AutoTokenizer.from_pretrained(config.target)
     drafters = {name: _load_drafter(name, config, dtype, device) for name in config.drafters}
     for drafter in drafters.values():
         drafter.check_target(target)
-    assistant = None
-    if assistant_name is not None and needs_assistant:
-        if config.target is None and assistant_name == "assistant-ar":
+    assistant, assistant_name = None, _assistant_name(config)
+    if assistant_name is not None:
+        if _is_kit_model(config, assistant_name, ("assistant-ar",)):
             assistant = load_kit_model("assistant-ar", dtype, device)
         else:
-            from transformers import AutoModelForCausalLM
-
-            assistant = AutoModelForCausalLM.from_pretrained(assistant_name, dtype=dtype).to(device).eval()
+            assistant = _load_causal_lm("--assistant", assistant_name, config)
     return BenchModels(target, tokenizer, drafters, assistant, config.prompt_lookup_num_tokens)
 
 
@@ -68,19 +193,15 @@ def _load_drafter(name, config, dtype, device):
 
 
 def load_prompt_texts(config: BenchConfig, notes: list[str]) -> dict[str, list[str]]:
-    """The prompts of every set, as text. Hub sets are skipped, with a message, when the Hub is not reachable."""
-    sets, reason = {}, None
+    """The prompts of every set, as text. A Hub set is skipped, with a message, when the Hub does not serve its
+    dataset (`hub_unreachable_reason`)."""
+    sets = {}
     for name in config.prompt_sets:
         prompt_set = PROMPT_SETS[name]
-        if prompt_set.needs_hub:
-            reason = reason or hub_unreachable_reason() or ""
-            if reason:
-                message = (
-                    f"prompt set {name!r} needs the Hugging Face Hub (datasets), which is not reachable: "
-                    f"{reason}; skipped"
-                )
-                add_warning(notes, message)
-                continue
+        reason = hub_unreachable_reason(dataset=prompt_set.hub_dataset) if prompt_set.needs_hub else None
+        if reason:
+            add_warning(notes, f"prompt set {name!r} needs the Hugging Face Hub (datasets): {reason}; skipped")
+            continue
         sets[name] = prompt_set.load(config.max_prompts)
     if not sets:
         raise RuntimeError(f"No prompt set of {config.prompt_sets} could be loaded: {notes[-1] if notes else ''}")

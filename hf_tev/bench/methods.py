@@ -8,8 +8,6 @@ the report read these fields and never test a method's name, so a new method is 
 
 from __future__ import annotations
 
-import os
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -153,10 +151,14 @@ register_method(
 # --------------------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class PromptSet:
+    """A prompt set of the bench: `load(limit)` gives the first `limit` prompts as text. A set with `needs_hub`
+    is skipped, with a message, when the Hub does not serve `hub_dataset` (its dataset id)."""
+
     name: str
     description: str
     load: Callable  # limit -> list[str]
     needs_hub: bool = False
+    hub_dataset: str | None = None
 
 
 PROMPT_SETS: dict[str, PromptSet] = {}
@@ -217,6 +219,7 @@ register_prompt_set(
         "MT-Bench first turns (Hub: HuggingFaceH4/mt_bench_prompts)",
         _hub_prompts("HuggingFaceH4/mt_bench_prompts", None, "train", "prompt", True),
         True,
+        "HuggingFaceH4/mt_bench_prompts",
     )
 )
 register_prompt_set(
@@ -225,6 +228,7 @@ register_prompt_set(
         "GSM8K test questions (Hub: openai/gsm8k)",
         _hub_prompts("openai/gsm8k", "main", "test", "question"),
         True,
+        "openai/gsm8k",
     )
 )
 register_prompt_set(
@@ -233,33 +237,22 @@ register_prompt_set(
         "MATH-500 problems (Hub: HuggingFaceH4/MATH-500)",
         _hub_prompts("HuggingFaceH4/MATH-500", None, "test", "problem"),
         True,
+        "HuggingFaceH4/MATH-500",
     )
 )
 
 
-def hub_unreachable_reason(timeout: float = 3.0) -> str | None:
-    """None when the Hugging Face Hub answers a TCP connect within `timeout` seconds, else why not. Never hangs:
-    the connect (DNS included) runs in a daemon thread that is abandoned after `timeout`."""
-    for variable in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"):
-        if os.environ.get(variable, "").upper() in ("1", "ON", "YES", "TRUE"):
-            return f"{variable} is set"
-    import socket
-    from urllib.parse import urlparse
+def hub_unreachable_reason(timeout: float = 3.0, dataset: str | None = None) -> str | None:
+    """None when the Hugging Face Hub answers for `dataset` (a Hub dataset id; default: the first Hub prompt
+    set's) within `timeout` seconds, else why not: huggingface_hub's offline mode (`HF_HUB_OFFLINE`), or the
+    error of `HfApi.dataset_info` (no connection, a timeout, an HTTP error such as a missing dataset)."""
+    from huggingface_hub import HfApi, constants
 
-    endpoint = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
-    host, port = endpoint.hostname, endpoint.port or (443 if endpoint.scheme == "https" else 80)
-    result = {}
-
-    def connect():
-        try:
-            socket.create_connection((host, port), timeout=timeout).close()
-            result["ok"] = True
-        except OSError as error:
-            result["error"] = error
-
-    thread = threading.Thread(target=connect, daemon=True)
-    thread.start()
-    thread.join(timeout + 0.5)
-    if result.get("ok"):
-        return None
-    return f"{host}:{port} did not answer within {timeout:g} s ({result.get('error', 'timed out')})"
+    if constants.is_offline_mode():
+        return "huggingface_hub is in offline mode (HF_HUB_OFFLINE is set)"
+    dataset = dataset or next(p.hub_dataset for p in PROMPT_SETS.values() if p.hub_dataset)
+    try:
+        HfApi().dataset_info(dataset, timeout=timeout)
+    except Exception as error:  # whatever stops the probe (offline, network, HTTP status) stops the set
+        return f"{constants.ENDPOINT} did not serve {dataset}: {type(error).__name__}: {error}"
+    return None

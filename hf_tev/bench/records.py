@@ -22,14 +22,16 @@ import math
 import os
 import platform
 import statistics
-import warnings
 from dataclasses import fields
 from pathlib import Path
 
 import torch
+from transformers.utils import logging
 
 from .._version import __version__
 from .methods import METHODS, REFERENCE_METHOD, REFERENCE_VERIFIER
+
+logger = logging.get_logger(__name__)
 
 RECORD_FIELDS = (
     "method",
@@ -71,6 +73,7 @@ RECORD_FIELDS = (
     "tree_size_quartiles",
     "plain_cycle_fraction",
     "predicted_tau",
+    "per_prompt",
 )
 
 
@@ -78,8 +81,9 @@ RECORD_FIELDS = (
 # The document
 # --------------------------------------------------------------------------------------------------------
 def add_warning(notes: list[str], message: str) -> None:
-    """Warn now, and keep the message for the document's `warnings`."""
-    warnings.warn(message, stacklevel=3)  # the warning points at the caller's caller, the step of the run
+    """Log a warning now (transformers' logger of `hf_tev.bench`), and keep the message for the document's
+    `warnings`."""
+    logger.warning(message)
     notes.append(message)
 
 
@@ -282,13 +286,58 @@ def verifier_stage_fields(method: str, times: dict | None) -> dict:
     return stage
 
 
+# The per-prompt values a record keeps (`per_prompt`): the measures its report gives a spread over prompts for.
+PER_PROMPT_FIELDS = (
+    "time_s",
+    "ar_time_s",
+    "speedup",
+    "new_tokens",
+    "tokens_per_s",
+    "tau",
+    "coverage",
+    "draft_ms",
+    "build_ms",
+    "forward_ms",
+    "verify_ms",
+    "cycle_ms",
+    "model_ms",
+    "overhead_ms",
+    "overhead_fraction",
+    "tree_size_mean",
+    "plain_cycle_fraction",
+    "predicted_tau",
+    "verifier_stage_ms",
+    "verifier_stage_ddtree_ms",
+    "verifier_stage_reduction",
+)
+
+
+def per_prompt_values(job, runs_per_prompt: list[list], ar_runs: list[list], stage: list | None) -> dict:
+    """`per_prompt`: field -> its value for each prompt alone (in prompt order), for the `PER_PROMPT_FIELDS`
+    that apply to the job. `stage[p]` is prompt p's same-tree replay (verifier -> seconds per cycle), or None."""
+    alone = [summarise(job, [runs], [ar]) for runs, ar in zip(runs_per_prompt, ar_runs, strict=True)]
+    if stage:
+        for fields_, times in zip(alone, stage, strict=True):
+            fields_.update(verifier_stage_fields(job.method, times))
+    return {name: [f[name] for f in alone] for name in PER_PROMPT_FIELDS if alone[0].get(name) is not None}
+
+
+def pooled_stage(stage: list | None) -> dict | None:
+    """The replay's verifier -> seconds per cycle of every prompt together, from one replay per prompt."""
+    if not stage:
+        return None
+    return {name: [t for times in stage for t in times[name]] for name in stage[0]}
+
+
 def make_records(config, plan, runs, stage, temperature, set_name, num_prompts, notes) -> list[dict]:
-    """The records of one temperature and prompt set; `stage[(drafter, budget)]` is the replay's verifier -> times."""
+    """The records of one temperature and prompt set; `stage[(drafter, budget)][p]` is prompt p's same-tree
+    replay, verifier -> seconds per cycle."""
     ar_runs = runs[plan[(REFERENCE_METHOD, None, None)]]
     summaries, records = {}, []
     for (method, drafter, budget), job in plan.items():
         if job not in summaries:
             summaries[job] = summarise(job, runs[job], ar_runs)
+        replay = stage.get((drafter, budget))
         record = dict.fromkeys(RECORD_FIELDS)
         record.update(what_was_run(config, (method, drafter, budget), temperature, set_name, prompts=num_prompts))
         record.update(summaries[job])
@@ -298,7 +347,10 @@ def make_records(config, plan, runs, stage, temperature, set_name, num_prompts, 
             if mismatch:
                 where = f"on {set_name} differs from {REFERENCE_METHOD} at T=0: {mismatch}"
                 add_warning(notes, greedy_mismatch_message(method, drafter, budget, where))
-        record.update(verifier_stage_fields(method, stage.get((drafter, budget))))
+        record.update(verifier_stage_fields(method, pooled_stage(replay)))
+        record["per_prompt"] = per_prompt_values(
+            job, runs[job], ar_runs, replay if record["verifier_stage_ms"] else None
+        )
         records.append(record)
     return records
 
@@ -324,6 +376,15 @@ def summarise_batches(runs: list[list], ar_runs: list[list], strip_pad: int | No
     if firsts[0].stats is not None:
         fields_.update(batch_tree_fields(firsts, [run for repeats in runs for run in repeats]))
     return fields_
+
+
+PER_BATCH_FIELDS = ("time_s", "tokens_per_s", "ar_tokens_per_s", "speedup")
+
+
+def per_batch_values(runs: list[list], ar_runs: list[list], strip_pad: int | None) -> dict:
+    """`per_batch`: field -> its value for each batch alone (in batch order), for the `PER_BATCH_FIELDS`."""
+    alone = [summarise_batches([mine], [ar], strip_pad) for mine, ar in zip(runs, ar_runs, strict=True)]
+    return {name: [fields_[name] for fields_ in alone] for name in PER_BATCH_FIELDS}
 
 
 def batch_tree_fields(firsts: list, every: list) -> dict:
@@ -372,6 +433,7 @@ def batch_records(config, plan, runs, batches, alone, temperature, set_name, str
         key = (method, drafter, budget)
         record = what_was_run(config, key, temperature, set_name, batch_size=size, batches=len(batches))
         record.update(summarise_batches(runs[job], ar_runs, strip_pad))
+        record["per_batch"] = per_batch_values(runs[job], ar_runs, strip_pad)
         if alone is not None:
             rows = first_rows(runs[job], strip_pad)
             expected = [unpadded(alone[i], strip_pad) for batch in batches for i in batch]

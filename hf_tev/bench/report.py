@@ -1,35 +1,60 @@
 """The report of `hf-tev bench`: pure functions of the `bench.json` document (this module imports no torch).
 
-`markdown_report(document)` gives `bench.md` (tables shaped like the paper's Tables 1, 5 and 3, and the hf_tev
-cycle breakdown), `plot_report(document, path)` draws `bench.png` (tau and SR against budget), `write_outputs`
-writes all three files and `write_report` the two rendered ones (`hf-tev bench report DIR/bench.json`).
-Methods are ordered, coloured and named in Table 3 from the registry (`METHODS`).
+`markdown_report(document)` gives `bench.md` (tables shaped like the paper's Tables 1, 5 and 3 under headings that
+say what they hold, the automatic budget's choices and the hf_tev cycle breakdown, each value with its
+interquartile range over prompts), `plot_report` (`plot.py`) draws `bench.png`, `write_outputs` writes all three
+files and `write_report` the two rendered ones (`hf-tev bench report DIR/bench.json`); `read_document` reads a
+stored `bench.json` and says what it lacks; `check_output_folder` refuses, before a run, a folder it cannot write
+or whose earlier results it would replace. Methods are ordered, coloured and named in Table 3 from the registry.
 """
 
 from __future__ import annotations
 
 import json
-import statistics
 import tempfile
-import warnings
 from pathlib import Path
 
+from transformers.utils import logging
+
 from .methods import METHODS, REFERENCE_METHOD, REFERENCE_VERIFIER
+from .plot import plot_report
+from .summary import (
+    BATCH_SCHEMA,
+    SCHEMA,
+    budget_order,
+    has_prompt_values,
+    key_order,
+    mean,
+    prompt_spread,
+    record_key,
+    record_label,
+)
 
-SCHEMA = "hf_tev.bench/1"
-BATCH_SCHEMA = "hf_tev.bench/batch-1"  # `hf-tev bench --batch-sizes` (`records.batch_records`)
+logger = logging.get_logger(__name__)
+
 JSON_NAME, MARKDOWN_NAME, PLOT_NAME = "bench.json", "bench.md", "bench.png"
+OUTPUT_NAMES = (JSON_NAME, MARKDOWN_NAME, PLOT_NAME)
+
+READING_GUIDE = (
+    f"SR: `{REFERENCE_METHOD}`'s wall time over the method's, each the sum over prompts of the median of its "
+    f"repeats (above 1: faster than `{REFERENCE_METHOD}`). τ: tokens per target forward, the mean output block "
+    f"with its bonus token (1 for `{REFERENCE_METHOD}`). B: the tree budget, drafted nodes per cycle (auto: the "
+    "automatic budget). Avg columns and means are over the prompt sets."
+)
+SPREAD_GUIDE = (
+    "In parentheses beside a value: the interquartile range over prompts (25th to 75th percentile of each "
+    "prompt's own value; the prompts of every set pooled where the value is a mean over prompt sets). It says how "
+    "much prompts differ; a value pooled over prompts (a ratio of sums, a median over cycles) can lie outside it."
+)
+NO_SPREAD_GUIDE = "This bench.json keeps no per-prompt values (an earlier hf_tev wrote it): no spread is shown."
 
 
 # --------------------------------------------------------------------------------------------------------
-# Markdown tables (the paper's Tables 1, 5 and 3) and the plot
+# Cells and tables
 # --------------------------------------------------------------------------------------------------------
-def _label(record) -> str:
-    return record["method"] if record["drafter"] is None else f"{record['method']} ({record['drafter']})"
-
-
-def _key(record) -> tuple:
-    return record["method"], record["drafter"], record["budget"]
+def markdown_table(header, rows) -> list[str]:
+    """A markdown table: the header, its rule and one line per row (cells as strings)."""
+    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header), *("| " + " | ".join(r) + " |" for r in rows)]
 
 
 def _fmt(value, spec=".2f"):
@@ -40,26 +65,103 @@ def _percent(fraction):
     return "—" if fraction is None else f"{100 * fraction:.1f}%"
 
 
-def _mean(values):
-    known = [v for v in values if v is not None]
-    return statistics.fmean(known) if known else None
+def with_spread(
+    value, records, field: str, spec: str = ".2f", scale: float = 1.0, unit: str = "", per: str = "per_prompt"
+) -> str:
+    """`value` (scaled, formatted) and, in parentheses, the IQR over prompts (`per`: over batches) of `field` in
+    `records`."""
+    if value is None:
+        return "—"
+    text = format(value * scale, spec) + unit
+    spread = prompt_spread(records, field, per)
+    if spread is None:
+        return text
+    low, high = (format(x * scale, spec) for x in spread)
+    return f"{text} ({low}–{high}{unit})"
 
 
-def _table(header, rows) -> list[str]:
-    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header), *("| " + " | ".join(r) + " |" for r in rows)]
+def _percent_spread(value, records, field: str) -> str:
+    return with_spread(value, records, field, ".1f", 100, "%")
 
 
-def _rank(method) -> int:  # registry order; a method this registry lacks (a stored document) goes last
-    return list(METHODS).index(method) if method in METHODS else len(METHODS)
+def _rows_of(records, key) -> list[dict]:
+    return [r for r in records if record_key(r) == key]
 
 
-def _budget_order(budget) -> tuple:  # fixed budgets ascending, then "auto"
-    return (budget == "auto", 0 if budget in (None, "auto") else budget)
+def _sr_tau_table(records, sets, keys, lead) -> list[str]:
+    """`lead(key)` cells, then SR and τ per prompt set and their averages (the paper's Tables 1, 2, 4 and 5)."""
+    rows = []
+    for key in keys:
+        mine = _rows_of(records, key)
+        by_set = {r["prompt_set"]: r for r in mine}
+        cells = [*lead(key)]
+        for name in sets:
+            found = [by_set[name]] if name in by_set else []
+            cells += [with_spread(mean(r[f] for r in found), found, f) for f in ("speedup", "tau")]
+        cells += [with_spread(mean(r[f] for r in mine), mine, f) for f in ("speedup", "tau")]
+        rows.append(cells)
+    header_lead = ["B", "method", "drafter"] if len(lead(keys[0])) == 3 else ["method", "drafter"]
+    return markdown_table([*header_lead, *[f"{s} {w}" for s in sets for w in ("SR", "τ")], "avg SR", "avg τ"], rows)
 
 
-def _order(key) -> tuple:  # methods in registry order, then drafter and budget
-    method, drafter, budget = key
-    return _rank(method), method, drafter or "", _budget_order(budget)
+def _end_to_end(at_t, sets, temperature, budget) -> list[str]:
+    keys = sorted({record_key(r) for r in at_t if r["budget"] in (None, budget, "auto")}, key=key_order)
+    if not keys:
+        return []
+    shown = f"{budget} (and auto)" if any(k[2] == "auto" for k in keys) and budget != "auto" else budget
+    out = ["", f"## Speedup and block length per prompt set at B = {shown}, T = {temperature:g} (the paper's Table 1)"]
+    out += [""]
+    out += _sr_tau_table(at_t, sets, keys, lambda k: [k[0] if k[2] != "auto" else f"{k[0]} (auto)", k[1] or "—"])
+    speeds = []
+    for key in keys:
+        mine = _rows_of(at_t, key)
+        rate = with_spread(mean(r["tokens_per_s"] for r in mine), mine, "tokens_per_s", ".0f")
+        speeds.append(f"{record_label(mine[0])} {rate}")
+    out += ["", "tokens/s (mean over prompt sets): " + ", ".join(speeds)]
+    if temperature == 0:
+        bad = sorted({record_label(r) for r in at_t if r.get("greedy_exact") is False})
+        out.append(
+            f"**GREEDY MISMATCH** for {bad} (see warnings)."
+            if bad
+            else f"Greedy output equals {REFERENCE_METHOD}'s for every method."
+        )
+    return out
+
+
+def _auto_budget_table(at_t, auto_keys) -> list[str]:
+    rows = []
+    for key in auto_keys:
+        mine = _rows_of(at_t, key)
+        quartiles = " / ".join(f"{q}" for q in mine[0].get("tree_size_quartiles") or [])
+        rows.append(
+            [
+                key[0],
+                key[1] or "—",
+                with_spread(mean(r.get("tree_size_mean") for r in mine), mine, "tree_size_mean", ".1f"),
+                quartiles,
+                _percent_spread(mean(r.get("plain_cycle_fraction") for r in mine), mine, "plain_cycle_fraction"),
+                with_spread(mean(r.get("predicted_tau") for r in mine), mine, "predicted_tau"),
+                with_spread(mean(r["tau"] for r in mine), mine, "tau"),
+            ]
+        )
+    intro = (
+        "The automatic budget's choices: tree sizes (drafted nodes per cycle; quartiles over the cycles of the "
+        "first prompt set), cycles without a tree, predicted and realised τ (means over prompt sets)"
+    )
+    header = ["method", "drafter", "mean size", "size p25 / p50 / p75", "plain cycles", "predicted τ", "τ"]
+    return ["", intro, "", *markdown_table(header, rows)]
+
+
+def _across_budgets(at_t, sets, temperature) -> list[str]:
+    keys = sorted(
+        {record_key(r) for r in at_t if r["budget"] is not None}, key=lambda k: (budget_order(k[2]), *key_order(k))
+    )
+    if not keys:
+        return []
+    out = ["", f"## Speedup and block length across tree budgets, T = {temperature:g} (the paper's Table 5)", ""]
+    out += _sr_tau_table(at_t, sets, keys, lambda k: [str(k[2]), k[0], k[1] or "—"])
+    auto = [k for k in keys if k[2] == "auto"]
+    return out + (_auto_budget_table(at_t, auto) if auto else [])
 
 
 def _replayed(method) -> tuple[str | None, str]:
@@ -69,96 +171,37 @@ def _replayed(method) -> tuple[str | None, str]:
     return verifier, (entry.replay_label if entry and entry.replay_label else verifier or method)
 
 
-def _per_set(records, key, sets, field_):
-    by_set = {r["prompt_set"]: r for r in records if _key(r) == key}
-    return [by_set[s][field_] if s in by_set else None for s in sets]
-
-
-def _sr_tau_table(records, sets, keys, lead) -> list[str]:
-    """`lead(key)` cells, then SR and tau per prompt set and their averages (the paper's Tables 1, 2, 4 and 5)."""
-    rows = []
-    for key in keys:
-        srs, taus = _per_set(records, key, sets, "speedup"), _per_set(records, key, sets, "tau")
-        pairs = [_fmt(x) for pair in zip(srs, taus, strict=True) for x in pair]
-        rows.append([*lead(key), *pairs, _fmt(_mean(srs)), _fmt(_mean(taus))])
-    header_lead = ["B", "method", "drafter"] if len(lead(keys[0])) == 3 else ["method", "drafter"]
-    return _table([*header_lead, *[f"{s} {w}" for s in sets for w in ("SR", "τ")], "avg SR", "avg τ"], rows)
-
-
-def _end_to_end(at_t, sets, temperature, budget) -> list[str]:
-    keys = sorted({_key(r) for r in at_t if r["budget"] in (None, budget, "auto")}, key=_order)
-    shown = f"{budget} and auto" if any(k[2] == "auto" for k in keys) and budget != "auto" else budget
-    out = ["", f"## End to end, T = {temperature:g}, B = {shown} (Table 1)", ""]
-    out += _sr_tau_table(at_t, sets, keys, lambda k: [k[0] if k[2] != "auto" else f"{k[0]} (auto)", k[1] or "—"])
-    speeds = [
-        f"{_label(dict(method=k[0], drafter=k[1]))} {_mean(_per_set(at_t, k, sets, 'tokens_per_s')):.0f}" for k in keys
-    ]
-    out += ["", "tokens/s (mean over prompt sets): " + ", ".join(speeds)]
-    if temperature == 0:
-        bad = sorted({_label(r) for r in at_t if r["greedy_exact"] is False})
-        out.append(
-            f"**GREEDY MISMATCH** for {bad} (see warnings)."
-            if bad
-            else f"Greedy output equals {REFERENCE_METHOD}'s for every method."
-        )
-    return out
-
-
-def _across_budgets(at_t, sets, temperature) -> list[str]:
-    keys = sorted({_key(r) for r in at_t if r["budget"] is not None}, key=lambda k: (_budget_order(k[2]), *_order(k)))
-    if not keys:
-        return []
-    out = ["", f"## Across budgets, T = {temperature:g} (Table 5)", ""]
-    out += _sr_tau_table(at_t, sets, keys, lambda k: [str(k[2]), k[0], k[1] or "—"])
-    auto = [k for k in keys if k[2] == "auto"]
-    if auto:
-        rows = []
-        for key in auto:
-            mine = [r for r in at_t if _key(r) == key]
-            quartiles = " / ".join(f"{q}" for q in mine[0]["tree_size_quartiles"] or [])
-            rows.append(
-                [
-                    key[0],
-                    key[1] or "—",
-                    _fmt(_mean([r["tree_size_mean"] for r in mine]), ".1f"),
-                    quartiles,
-                    _percent(_mean([r["plain_cycle_fraction"] for r in mine])),
-                    _fmt(_mean([r["predicted_tau"] for r in mine])),
-                    _fmt(_mean([r["tau"] for r in mine])),
-                ]
-            )
-        out += [
-            "",
-            "Automatic budget: chosen tree sizes (drafted nodes per cycle; quartiles of the first prompt set), "
-            "cycles without a tree, predicted and realised τ (mean over prompt sets)",
-            "",
-        ]
-        out += _table(
-            ["method", "drafter", "mean size", "size p25 / p50 / p75", "plain cycles", "predicted τ", "τ"], rows
-        )
-    return out
+def _stage_order(key) -> tuple:
+    """Per budget and drafter, the reference verifier's row first."""
+    return key[2], key[1], _replayed(key[0])[0] != REFERENCE_VERIFIER, *key_order(key)
 
 
 def _verifier_stage(at_t, sets, temperature) -> list[str]:
-    staged = [r for r in at_t if r["verifier_stage_ms"] is not None]
+    staged = [r for r in at_t if r.get("verifier_stage_ms") is not None]
     if not staged:
         return []
     rows = []
-    # per budget and drafter, the reference verifier's row first
-    for key in sorted(
-        {_key(r) for r in staged}, key=lambda k: (k[2], k[1], _replayed(k[0])[0] != REFERENCE_VERIFIER, *_order(k))
-    ):
-        ms = _per_set(staged, key, sets, "verifier_stage_ms")
-        reduction = _per_set(staged, key, sets, "verifier_stage_reduction")
-        cells = [c for m, red in zip(ms, reduction, strict=True) for c in (_fmt(m, ".3f"), _percent(red))]
-        label = _replayed(key[0])[1]
-        rows.append([str(key[2]), key[1], label, *cells, _fmt(_mean(ms), ".3f"), _percent(_mean(reduction))])
-    title = (
-        f"## Verifier stage per cycle on the same trees, T = {temperature:g} (Table 3; ms, decision + cache "
-        "commit, tree forward excluded)"
+    for key in sorted({record_key(r) for r in staged}, key=_stage_order):
+        mine = _rows_of(staged, key)
+        by_set = {r["prompt_set"]: r for r in mine}
+        cells = [str(key[2]), key[1], _replayed(key[0])[1]]
+        for name in sets:
+            found = [by_set[name]] if name in by_set else []
+            cells.append(with_spread(mean(r["verifier_stage_ms"] for r in found), found, "verifier_stage_ms", ".3f"))
+            reduction = mean(r.get("verifier_stage_reduction") for r in found)
+            cells.append(_percent_spread(reduction, found, "verifier_stage_reduction"))
+        cells.append(with_spread(mean(r["verifier_stage_ms"] for r in mine), mine, "verifier_stage_ms", ".3f"))
+        reduction = mean(r.get("verifier_stage_reduction") for r in mine)
+        cells.append(_percent_spread(reduction, mine, "verifier_stage_reduction"))
+        rows.append(cells)
+    title = f"## Verifier stage per cycle on the same trees, T = {temperature:g} (the paper's Table 3)"
+    intro = (
+        "ms per cycle of each verifier's logits processing, decision and cache commit, the tree forward excluded, "
+        f"timed right after its own tree pass over the same tree; red.: the reduction against {REFERENCE_VERIFIER} "
+        "(DDTree)."
     )
     header = ["B", "drafter", "verifier", *[f"{s} {w}" for s in sets for w in ("ms", "red.")], "avg ms", "avg red."]
-    return ["", title, "", *_table(header, rows)]
+    return ["", title, "", intro, "", *markdown_table(header, rows)]
 
 
 STAGE_COLUMNS = {
@@ -174,42 +217,50 @@ STAGE_COLUMNS = {
 
 
 def _cycle_breakdown(at_t, temperature) -> list[str]:
-    keys = sorted({_key(r) for r in at_t if r["cycle_ms"] is not None}, key=lambda k: (_budget_order(k[2]), *_order(k)))
+    keys = sorted(
+        {record_key(r) for r in at_t if r.get("cycle_ms") is not None},
+        key=lambda k: (budget_order(k[2]), *key_order(k)),
+    )
     if not keys:
         return []
     rows = []
     for key in keys:
-        mine = [r for r in at_t if _key(r) == key]
-        values = {name: _mean([r[field_] for r in mine]) for name, field_ in STAGE_COLUMNS.items()}
-        values["overhead %"] *= 100
-        rows.append(
-            [
-                str(key[2]),
-                key[0],
-                key[1] or "—",
-                *(_fmt(v, ".1f" if name == "overhead %" else ".2f") for name, v in values.items()),
-            ]
-        )
-    title = f"## hf_tev cycle breakdown, T = {temperature:g} (ms per cycle, mean over prompt sets)"
-    return ["", title, "", *_table(["B", "method", "drafter", *STAGE_COLUMNS], rows)]
+        mine = _rows_of(at_t, key)
+        cells = [str(key[2]), key[0], key[1] or "—"]
+        for name, field in STAGE_COLUMNS.items():
+            value = mean(r.get(field) for r in mine)
+            scale, spec = (100, ".1f") if name == "overhead %" else (1, ".2f")
+            cells.append(with_spread(value, mine, field, spec, scale))
+        rows.append(cells)
+    title = (
+        f"## hf_tev cycle breakdown, T = {temperature:g}: ms per cycle of each stage, the decode loop, the time "
+        "inside model forwards and hf_tev's own overhead outside them (means over prompt sets)"
+    )
+    return ["", title, "", *markdown_table(["B", "method", "drafter", *STAGE_COLUMNS], rows)]
+
+
+def _machine_line(document: dict, prompts_note: str = "") -> str:
+    settings, machine = document["settings"], document["machine"]
+    loads = " -> ".join(f"{x:.2f}" for x in machine["load_average"])
+    return (
+        f"{machine['device_name'] or machine['device']} ({machine['device']}, {machine['dtype']}), "
+        f"{machine['cpu_count']} cores, torch threads {machine['torch_threads']}, load average {loads}; torch "
+        f"{machine['torch']}, transformers {machine['transformers']}. Prompts per set: "
+        f"{settings['max_prompts']} (max{prompts_note}), max_new_tokens {settings['max_new_tokens']}, repeats "
+        f"{settings['repeats']}"
+    )
 
 
 def markdown_report(document: dict) -> str:
     if document.get("schema") == BATCH_SCHEMA:
         return batch_markdown(document)
-    records, settings, machine = document["records"], document["settings"], document["machine"]
+    records, settings = document["records"], document["settings"]
     sets = list(dict.fromkeys(r["prompt_set"] for r in records))
     fixed = [b for b in settings["budgets"] if b != "auto"]
     budget = 64 if 64 in fixed else max(fixed) if fixed else "auto"  # the paper's Table 1 budget
-    loads = " -> ".join(f"{x:.2f}" for x in machine["load_average"])
-    summary = (
-        f"{machine['device_name'] or machine['device']} ({machine['device']}, {machine['dtype']}), "
-        f"{machine['cpu_count']} cores, torch threads {machine['torch_threads']}, load average {loads}; torch "
-        f"{machine['torch']}, transformers {machine['transformers']}. Prompts per set: "
-        f"{settings['max_prompts']} (max), max_new_tokens {settings['max_new_tokens']}, repeats "
-        f"{settings['repeats']}."
-    )
-    out = ["# hf-tev bench", "", summary, ""]
+    target = settings.get("target") or "the tiny kit's target"
+    out = ["# hf-tev bench", "", f"Target: {target}. " + _machine_line(document) + ".", ""]
+    out += [READING_GUIDE + " " + (SPREAD_GUIDE if has_prompt_values(document) else NO_SPREAD_GUIDE), ""]
     generation = settings.get("generation")  # absent from documents written before it was recorded
     if generation:
         passed = "; ".join(
@@ -226,86 +277,101 @@ def markdown_report(document: dict) -> str:
     return "\n".join(out) + "\n"
 
 
-def _figure(plt, columns: int):
-    """Two rows of axes, one column per temperature, with room at the right for the legend."""
-    return plt.subplots(2, columns, figsize=(5 * columns + 2.5, 7), squeeze=False)
+# --------------------------------------------------------------------------------------------------------
+# Batches (`hf-tev bench --batch-sizes`)
+# --------------------------------------------------------------------------------------------------------
+BATCH_HEADER = (
+    "R",
+    "method",
+    "drafter",
+    "budget",
+    "tok/s",
+    "ar tok/s",
+    "speedup",
+    "τ",
+    "τ per row",
+    "pass ms",
+    "rows x nodes",
+    "tree nodes",
+    "draft ms",
+    "verify ms",
+    "exact",
+)
 
 
-def _dress_axes(ax, ticks: list, xlabel: str, ylabel: str, title: str) -> None:
-    """A log2 x axis with a tick at every value of `ticks`, the labels and title, and a light grid."""
-    ax.set_xscale("log", base=2)
-    ax.set_xticks(ticks, [str(t) for t in ticks])
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
+def _batch_row(r: dict) -> list[str]:
+    exact = "—" if "greedy_exact" not in r else ("yes" if r["greedy_exact"] else "NO")
+    if "matches_batched_ar" in r:
+        exact += " (= batched ar)" if r["matches_batched_ar"] else " (≠ batched ar)"
+    return [
+        str(r["batch_size"]),
+        r["method"],
+        r["drafter"] or "—",
+        "—" if r["budget"] is None else str(r["budget"]),
+        with_spread(r["tokens_per_s"], [r], "tokens_per_s", ".1f", per="per_batch"),
+        with_spread(r["ar_tokens_per_s"], [r], "ar_tokens_per_s", ".1f", per="per_batch"),
+        with_spread(r["speedup"], [r], "speedup", per="per_batch"),
+        _fmt(r.get("tau")),
+        _rows(r.get("tau_rows")),
+        _fmt(r.get("pass_ms"), ".1f"),
+        f"{_fmt(r.get('pass_rows'), '.1f')} x {_fmt(r.get('pass_nodes'), '.1f')}",
+        _fmt(r.get("tree_nodes"), ".1f"),
+        _fmt(r.get("draft_ms"), ".1f"),
+        _fmt(r.get("verify_ms"), ".1f"),
+        exact,
+    ]
 
 
-def _save_figure(figure, axes, path: Path) -> None:
-    """One legend for the whole figure at its right edge (room kept for it), written to `path` and closed."""
-    import matplotlib.pyplot as plt
+def batch_markdown(document: dict) -> str:
+    """bench.md of a batch bench: per temperature and prompt set, one row per method and batch size."""
+    settings = document["settings"]
+    lines = [
+        "# hf-tev bench: batches",
+        "",
+        _machine_line(document, ", cycled to fill a batch") + f", batch sizes {settings['batch_sizes']}.",
+        "",
+        "tok/s: new tokens of every row per second; ar tok/s: plain batched `generate` at the same batch size R; "
+        "pass ms: one target forward over every unfinished row's tree, per cycle (rows x padded nodes per row "
+        "beside it); draft ms: the batch's drafter call (every row's block), per cycle; exact: every row equals "
+        "its prompt's own plain greedy generate alone (= batched ar: equals plain batched generate's row too)."
+        + (
+            " In parentheses: the interquartile range over the batches."
+            if has_prompt_values(document, "per_batch")
+            else ""
+        ),
+    ]
+    for warning in document["warnings"]:
+        lines += ["", f"> {warning}"]
+    keys = sorted({(r["temperature"], r["prompt_set"]) for r in document["records"]}, key=str)
+    for temperature, set_name in keys:
+        rows = [
+            _batch_row(r) for r in document["records"] if (r["temperature"], r["prompt_set"]) == (temperature, set_name)
+        ]
+        lines += ["", f"## T = {temperature:g}, {set_name}", "", *markdown_table(BATCH_HEADER, rows)]
+    return "\n".join(lines) + "\n"
 
-    handles, labels = axes[0][0].get_legend_handles_labels()
-    figure.legend(handles, labels, loc="center right", fontsize=8)
-    figure.tight_layout(rect=(0, 0, 1 - 2.4 / figure.get_figwidth(), 1))
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
 
-
-def plot_report(document: dict, path: Path) -> None:
-    """tau and SR against budget, one column per temperature (mean over prompt sets); methods without a budget
-    are horizontal lines."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    if document.get("schema") == BATCH_SCHEMA:
-        return _plot_batches(document, path, plt)
-    records, temperatures = document["records"], document["settings"]["temperatures"]
-    budgets = sorted(b for b in document["settings"]["budgets"] if b != "auto")
-    drafters = list(dict.fromkeys(r["drafter"] for r in records if r["drafter"] is not None))
-    styles = ["-", "--", ":", "-."]
-
-    def style(record):  # colour per method, line style per drafter; methods without a budget are thin lines
-        dash = styles[drafters.index(record["drafter"]) % len(styles)] if record["drafter"] else "-"
-        return dict(color=f"C{_rank(record['method']) % 10}", linestyle=dash, label=_label(record))
-
-    figure, axes = _figure(plt, len(temperatures))
-    for column, temperature in enumerate(temperatures):
-        at_t = [r for r in records if r["temperature"] == temperature]
-        for row, (key, name) in enumerate((("tau", "τ (block length)"), ("speedup", f"SR vs {REFERENCE_METHOD}"))):
-            ax = axes[row][column]
-            for label in dict.fromkeys(_label(r) for r in at_t):
-                mine = [r for r in at_t if _label(r) == label]
-                if mine[0]["budget"] is None:
-                    ax.axhline(statistics.fmean(r[key] for r in mine), linewidth=1, alpha=0.8, **style(mine[0]))
-                    continue
-                auto = [r for r in mine if r["budget"] == "auto"]
-                if auto:  # the automatic budget: one level across the fixed budgets, dash-dotted and thick
-                    ax.axhline(
-                        statistics.fmean(r[key] for r in auto),
-                        linewidth=2.4,
-                        alpha=0.9,
-                        **{**style(auto[0]), "linestyle": "-.", "label": _label(auto[0]) + " auto"},
-                    )
-                    mine = [r for r in mine if r["budget"] != "auto"]
-                xs = [b for b in budgets if any(r["budget"] == b for r in mine)]
-                if not xs:
-                    continue
-                ys = [statistics.fmean(r[key] for r in mine if r["budget"] == b) for b in xs]
-                ax.plot(xs, ys, marker="o", linewidth=1.8, **style(mine[0]))
-            _dress_axes(ax, budgets, "budget B", name, f"{name}, T = {temperature:g} (mean over prompt sets)")
-    _save_figure(figure, axes, path)
+def _rows(values, shown=8):
+    if not values:
+        return "—"
+    text = " ".join(f"{v:.2f}" for v in values[:shown])
+    return text + (" …" if len(values) > shown else "")
 
 
 # --------------------------------------------------------------------------------------------------------
 # Files
 # --------------------------------------------------------------------------------------------------------
-def check_output_folder(output: str | Path) -> Path:
+def check_output_folder(output: str | Path, overwrite: bool = True, replaced=OUTPUT_NAMES) -> Path:
     """Create `output` (with its parents) and check that a file can be written in it, so that a bench fails
-    before its run rather than after it. Raises `ValueError` saying why not."""
+    before its run rather than after it. Unless `overwrite`, a folder already holding any of the files named in
+    `replaced` (an earlier run's) is refused. Raises `ValueError` saying why."""
     folder = Path(output)
+    there = [] if overwrite else [name for name in replaced if (folder / name).exists()]
+    if there:
+        raise ValueError(
+            f"--output {str(folder)!r} already holds {', '.join(there)} of an earlier run: pass "
+            "--overwrite_output_dir to replace them, or choose another --output"
+        )
     try:
         folder.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryFile(dir=folder):
@@ -315,8 +381,36 @@ def check_output_folder(output: str | Path) -> Path:
     return folder
 
 
+# What the report reads from a document; a stored document without one of them cannot be rendered.
+DOCUMENT_KEYS = ("settings", "machine", "warnings", "records")
+SETTINGS_KEYS = ("temperatures", "budgets", "max_prompts", "max_new_tokens", "repeats")
+MACHINE_KEYS = ("device", "device_name", "dtype", "cpu_count", "torch_threads", "load_average", "torch", "transformers")
+RECORD_KEYS = ("method", "drafter", "budget", "temperature", "prompt_set", "speedup", "tokens_per_s")
+KEYS_OF_SCHEMA = {SCHEMA: ("tau",), BATCH_SCHEMA: ("batch_size", "ar_tokens_per_s")}
+
+
+def _check_document(document: dict, where: str) -> None:
+    """Raise `ValueError` naming what `document` lacks of what the report reads."""
+    missing = [key for key in DOCUMENT_KEYS if key not in document]
+    if missing:
+        raise ValueError(f"{where} lacks {missing}: a bench.json of hf-tev bench holds {list(DOCUMENT_KEYS)}")
+    records = document["records"]
+    if not isinstance(records, list) or not records:
+        raise ValueError(f"{where} holds no records (its 'records' is {records!r}): there is nothing to report")
+    settings = SETTINGS_KEYS + (("batch_sizes",) if document["schema"] == BATCH_SCHEMA else ())
+    for part, keys in (("settings", settings), ("machine", MACHINE_KEYS)):
+        lacking = [key for key in keys if key not in (document[part] or {})]
+        if lacking:
+            raise ValueError(f"{where}: its {part!r} lacks {lacking}")
+    wanted = RECORD_KEYS + KEYS_OF_SCHEMA.get(document["schema"], ())
+    for index, record in enumerate(records):
+        lacking = [key for key in wanted if key not in record] if isinstance(record, dict) else list(wanted)
+        if lacking:
+            raise ValueError(f"{where}: record {index} lacks {lacking}")
+
+
 def read_document(path: str | Path) -> dict:
-    """A `bench.json` written by `hf-tev bench`. Raises `ValueError` saying why it cannot be read."""
+    """A `bench.json` written by `hf-tev bench`. Raises `ValueError` saying why it cannot be read or rendered."""
     try:
         document = json.loads(Path(path).read_text())
     except (OSError, ValueError) as error:
@@ -324,11 +418,12 @@ def read_document(path: str | Path) -> dict:
     schema = document.get("schema", "") if isinstance(document, dict) else ""
     if not str(schema).startswith(SCHEMA.split("/")[0] + "/"):
         raise ValueError(f"{str(path)!r} is not a bench.json of hf-tev bench (schema {schema!r}, expected {SCHEMA!r})")
+    _check_document(document, repr(str(path)))
     return document
 
 
 def write_report(document: dict, output: str | Path) -> dict[str, Path]:
-    """bench.md and bench.png of `document` in `output` (the plot is skipped, with a warning, without
+    """bench.md and bench.png of `document` in `output` (the plot is skipped, with a logged warning, without
     matplotlib)."""
     folder = Path(output)
     folder.mkdir(parents=True, exist_ok=True)
@@ -337,7 +432,7 @@ def write_report(document: dict, output: str | Path) -> dict[str, Path]:
     try:
         plot_report(document, paths["plot"])
     except ImportError:
-        warnings.warn("matplotlib is not installed (pip install 'hf_tev[bench]'): no plot written", stacklevel=2)
+        logger.warning("matplotlib is not installed (pip install 'hf_tev[bench]'): no plot written")
         del paths["plot"]
     return paths
 
@@ -350,84 +445,3 @@ def write_outputs(document: dict, output: str | Path) -> dict[str, Path]:
     text = json.dumps(document, indent=1, sort_keys=False) + "\n"
     (folder / JSON_NAME).write_text(text)
     return {"json": folder / JSON_NAME, **write_report(json.loads(text), folder)}
-
-
-# --------------------------------------------------------------------------------------------------------
-# Batches (`hf-tev bench --batch-sizes`)
-# --------------------------------------------------------------------------------------------------------
-def batch_markdown(document: dict) -> str:
-    """bench.md of a batch bench: per temperature and prompt set, one row per method and batch size."""
-    settings, machine = document["settings"], document["machine"]
-    lines = [
-        "# hf-tev bench: batches",
-        "",
-        f"{machine['device_name']} ({machine['device']}, {machine['dtype']}), {machine['cpu_count']} cores, torch "
-        f"threads {machine['torch_threads']}, load average "
-        f"{' -> '.join(f'{x:.2f}' for x in machine['load_average'])}; torch {machine['torch']}, transformers "
-        f"{machine['transformers']}. Prompts per set: {settings['max_prompts']} (max, cycled to fill a batch), "
-        f"max_new_tokens {settings['max_new_tokens']}, repeats {settings['repeats']}, batch sizes "
-        f"{settings['batch_sizes']}.",
-        "",
-        "tok/s: new tokens of every row per second; ar tok/s: plain batched `generate` at the same batch size R; "
-        "pass ms: one target forward over every unfinished row's tree, per cycle (rows x padded nodes per row "
-        "beside it); draft ms: the batch's drafter call (every row's block), per cycle; exact: every row equals "
-        "its prompt's own plain greedy generate alone (= batched ar: equals plain batched generate's row too).",
-    ]
-    for warning in document["warnings"]:
-        lines += ["", f"> {warning}"]
-    keys = sorted({(r["temperature"], r["prompt_set"]) for r in document["records"]}, key=str)
-    for temperature, set_name in keys:
-        lines += [
-            "",
-            f"## T = {temperature:g}, {set_name}",
-            "",
-            "| R | method | drafter | budget | tok/s | ar tok/s | speedup | τ | τ per row | pass ms | rows x nodes "
-            "| tree nodes | draft ms | verify ms | exact |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
-        ]
-        for r in document["records"]:
-            if (r["temperature"], r["prompt_set"]) != (temperature, set_name):
-                continue
-            exact = "—" if "greedy_exact" not in r else ("yes" if r["greedy_exact"] else "NO")
-            if "matches_batched_ar" in r:
-                exact += " (= batched ar)" if r["matches_batched_ar"] else " (≠ batched ar)"
-            tau_rows, budget = r.get("tau_rows"), "—" if r["budget"] is None else r["budget"]
-            lines.append(
-                f"| {r['batch_size']} | {r['method']} | {r['drafter'] or '—'} | {budget} "
-                f"| {r['tokens_per_s']:.1f} | {r['ar_tokens_per_s']:.1f} | {r['speedup']:.2f} "
-                f"| {_fmt(r.get('tau'))} | {_rows(tau_rows)} | {_fmt(r.get('pass_ms'), '.1f')} "
-                f"| {_fmt(r.get('pass_rows'), '.1f')} x {_fmt(r.get('pass_nodes'), '.1f')} "
-                f"| {_fmt(r.get('tree_nodes'), '.1f')} | {_fmt(r.get('draft_ms'), '.1f')} "
-                f"| {_fmt(r.get('verify_ms'), '.1f')} | {exact} |"
-            )
-    return "\n".join(lines) + "\n"
-
-
-def _rows(values, shown=8):
-    if not values:
-        return "—"
-    text = " ".join(f"{v:.2f}" for v in values[:shown])
-    return text + (" …" if len(values) > shown else "")
-
-
-def _batch_label(record) -> str:
-    return _label(record) + ("" if record["budget"] is None else f" B={record['budget']}")
-
-
-def _plot_batches(document: dict, path: Path, plt) -> None:
-    """tokens/s and τ against batch size, one column per temperature (mean over prompt sets)."""
-    records, temperatures = document["records"], document["settings"]["temperatures"]
-    sizes = sorted({r["batch_size"] for r in records})
-    figure, axes = _figure(plt, len(temperatures))
-    for column, temperature in enumerate(temperatures):
-        at_t = [r for r in records if r["temperature"] == temperature]
-        for row, (key, name) in enumerate((("tokens_per_s", "tokens/s"), ("tau", "τ (block length)"))):
-            ax = axes[row][column]
-            for label in dict.fromkeys(_batch_label(r) for r in at_t):
-                mine = [r for r in at_t if _batch_label(r) == label and r.get(key) is not None]
-                xs = [s for s in sizes if any(r["batch_size"] == s for r in mine)]
-                if xs:
-                    ys = [statistics.fmean(r[key] for r in mine if r["batch_size"] == s) for s in xs]
-                    ax.plot(xs, ys, marker="o", label=label, color=f"C{_rank(mine[0]['method']) % 10}")
-            _dress_axes(ax, sizes, "batch size R", name, f"{name}, T = {temperature:g}")
-    _save_figure(figure, axes, path)

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from .config import BenchConfig, config_sampling, generation_settings, sampling_kwargs
-from .loading import BenchModels, load_models, load_prompt_texts, tokenize_prompts
+from .loading import BenchModels, check_sources, load_models, load_prompt_texts, tokenize_prompts
 from .measure import ForwardProbe, Job, capture_logits_processor, run_batch, run_once
 from .methods import METHODS, REFERENCE_METHOD, REFERENCE_VERIFIER
 from .records import batch_records, bench_document, check_load, machine_info, make_records
@@ -149,7 +149,8 @@ def run_interleaved(session: Session, prompts: list, units: list[list[int]], siz
 
 
 def replay_verifier_stage(session: Session, prompts: list, sampling: dict, label: str) -> dict:
-    """(drafter, budget) -> verifier -> seconds per cycle of the same-tree replay of `prompts`."""
+    """(drafter, budget) -> for each prompt, verifier -> seconds per cycle of its same-tree replay (prompt i from
+    seed + i)."""
     if not session.replays:
         return {}
     config, models = session.config, session.models
@@ -157,17 +158,20 @@ def replay_verifier_stage(session: Session, prompts: list, sampling: dict, label
     stage = {}
     for (drafter, budget), verifiers in session.replays.items():
         session.progress.set_postfix_str(f"{label} verifier stage B={budget}")
-        stage[(drafter, budget)] = same_tree_verifier_stage(
-            models.target,
-            models.drafters[drafter],
-            prompts,
-            budget,
-            processors,
-            config.max_new_tokens,
-            verifiers=verifiers,
-            seed=config.seed,
-        )
-        session.progress.update(len(prompts))
+        stage[(drafter, budget)] = []
+        for index, prompt in enumerate(prompts):
+            times = same_tree_verifier_stage(
+                models.target,
+                models.drafters[drafter],
+                [prompt],
+                budget,
+                processors,
+                config.max_new_tokens,
+                verifiers=verifiers,
+                seed=config.seed + index,
+            )
+            stage[(drafter, budget)].append(times)
+            session.progress.update(1)
     return stage
 
 
@@ -197,7 +201,10 @@ def measure_prompt_set(session: Session, temperature: float, set_name: str, prom
 
 
 def run_bench(config: BenchConfig, models: BenchModels | None = None) -> dict:
-    """Run the bench and return the JSON document (see `hf_tev.bench`'s docstring); nothing is written."""
+    """Run the bench and return the JSON document (see `hf_tev.bench`'s docstring); nothing is written. The models
+    `config` names are checked (`check_sources`) before anything runs."""
+    if models is None:
+        check_sources(config)
     if config.threads is not None:
         torch.set_num_threads(config.threads)
     notes: list[str] = []

@@ -4,7 +4,6 @@ import dataclasses
 import json
 import math
 import os
-import time
 from types import SimpleNamespace
 
 import pytest
@@ -69,7 +68,7 @@ def tiny_run(tmp_path_factory, kit_drafter):
             "--drafters",
             kit_drafter,
             "--budgets",
-            "4,auto",
+            "0,4,auto",
             "--temperatures",
             "0,1",
             "--prompt-sets",
@@ -118,7 +117,7 @@ def test_every_method_tiny_run_writes_json_table_and_plot(tiny_run, kit_drafter)
             ("prompt_lookup", None, None),
             ("dflash_native", kit_drafter, None),
         ]
-        + [(m, None if m == "lookup_tree" else kit_drafter, b) for m in HF_TEV_METHODS for b in (4, "auto")]
+        + [(m, None if m == "lookup_tree" else kit_drafter, b) for m in HF_TEV_METHODS for b in (0, 4, "auto")]
     }
     assert keys == expected and len(records) == len(expected)
     for r in records:
@@ -152,12 +151,16 @@ def test_every_method_tiny_run_writes_json_table_and_plot(tiny_run, kit_drafter)
         if r["method"] == "tev" and staged:
             ratio = r["verifier_stage_ms"] / r["verifier_stage_ddtree_ms"]
             assert r["verifier_stage_reduction"] == pytest.approx(1 - ratio)
+        per_prompt = r["per_prompt"]  # one prompt: its own values are the record's
+        assert per_prompt["speedup"] == [pytest.approx(r["speedup"])] and per_prompt["tau"] == [pytest.approx(r["tau"])]
+        assert ("cycle_ms" in per_prompt) == (r["method"] in HF_TEV_METHODS)
+        assert ("verifier_stage_ms" in per_prompt) == staged
     markdown = (out / "bench.md").read_text()
     for title in (
-        "(Table 1)",
-        "(Table 5)",
-        "(Table 3",
-        "cycle breakdown",
+        "## Speedup and block length per prompt set at B = 4 (and auto), T = 0 (the paper's Table 1)",
+        "## Speedup and block length across tree budgets, T = 1 (the paper's Table 5)",
+        "## Verifier stage per cycle on the same trees, T = 1 (the paper's Table 3)",
+        "## hf_tev cycle breakdown, T = 0",
         "Greedy output equals ar's",
         "T = 1: `do_sample=True, temperature=1.0, top_k=0, top_p=1.0, min_p=None, eos_token_id=None`",
     ):
@@ -196,6 +199,13 @@ def test_ddtree_and_tev_agree_greedy_and_tau_matches_coverage_when_sampling(kit_
         progress=False,
     )
     records = {(r["method"], r["temperature"], r["prompt_set"]): r for r in run_bench(config)["records"]}
+    for record in records.values():  # each prompt's own values, from which the pooled ones are made
+        per_prompt = record["per_prompt"]
+        assert len(per_prompt["time_s"]) == len(per_prompt["speedup"]) == len(per_prompt["tau"]) == 3
+        assert record["time_s"] == pytest.approx(sum(per_prompt["time_s"]))
+        assert record["speedup"] == pytest.approx(sum(per_prompt["ar_time_s"]) / sum(per_prompt["time_s"]))
+        replayed = record["temperature"] > 0 and record["method"] != "ar"
+        assert len(per_prompt.get("verifier_stage_ms", [])) == (3 if replayed else 0)
     for prompt_set in ("humaneval", "heldout"):
         ddtree, tev = records[("ddtree", 0.0, prompt_set)], records[("tev", 0.0, prompt_set)]
         assert ddtree["tokens_sha1"] == tev["tokens_sha1"] == records[("ar", 0.0, prompt_set)]["tokens_sha1"]
@@ -347,18 +357,52 @@ def test_up_front_checks_fail_before_any_model_is_loaded(case, message, tmp_path
     assert exit_info.value.code == 2 and message in capsys.readouterr().err
 
 
-def test_hub_prompt_sets_offline_are_skipped_with_a_message_or_fail_clearly(monkeypatch):
-    assert "HF_HUB_OFFLINE" in bench.hub_unreachable_reason()  # conftest runs tests offline
-    monkeypatch.delenv("HF_HUB_OFFLINE")
-    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # nothing listens on the discard port
-    start = time.perf_counter()
-    assert "127.0.0.1:9" in bench.hub_unreachable_reason(timeout=0.5)
-    assert time.perf_counter() - start < 2
+@pytest.fixture
+def bench_log(caplog):
+    """caplog of transformers' loggers (which do not propagate by default), at WARNING."""
+    from transformers.utils import logging
+
+    logging.enable_propagation()
+    caplog.set_level("WARNING")
+    yield caplog
+    logging.disable_propagation()
+
+
+def test_hub_prompt_sets_offline_are_skipped_with_a_logged_message_or_fail_clearly(monkeypatch, bench_log):
+    import warnings
+
+    import huggingface_hub
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    assert "offline mode" in bench.hub_unreachable_reason()
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(huggingface_hub.constants, "ENDPOINT", "http://127.0.0.1:9")  # nothing listens there
+    reason = bench.hub_unreachable_reason(timeout=0.5, dataset="openai/gsm8k")
+    assert "http://127.0.0.1:9 did not serve openai/gsm8k" in reason
     notes = []
     config = BenchConfig(methods=["ar"], prompt_sets=["heldout", "gsm8k"], max_prompts=2)
-    with pytest.warns(UserWarning, match="'gsm8k' needs the Hugging Face Hub"):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # logged, not a Python warning
         texts = bench.load_prompt_texts(config, notes)
-    assert list(texts) == ["heldout"] and len(texts["heldout"]) == 2 and "not reachable" in notes[0]
+    assert list(texts) == ["heldout"] and len(texts["heldout"]) == 2 and "did not serve openai/gsm8k" in notes[0]
+    assert [r.getMessage() for r in bench_log.records if r.name == "hf_tev.bench.records"] == notes
     hub_only = BenchConfig(methods=["ar"], prompt_sets=["mt_bench", "math500"])
-    with pytest.warns(UserWarning), pytest.raises(RuntimeError, match="No prompt set .* could be loaded"):
+    with pytest.raises(RuntimeError, match="No prompt set .* could be loaded"):
         bench.load_prompt_texts(hub_only, [])
+
+
+def test_bench_warnings_obey_transformers_verbosity(bench_log):
+    from transformers.utils import logging
+
+    from hf_tev.bench.records import add_warning
+
+    notes = []
+    add_warning(notes, "machine is loaded")
+    previous = logging.get_verbosity()
+    logging.set_verbosity_error()
+    try:
+        add_warning(notes, "not shown")
+    finally:
+        logging.set_verbosity(previous)
+    assert notes == ["machine is loaded", "not shown"]  # the document keeps every warning
+    assert [r.getMessage() for r in bench_log.records] == ["machine is loaded"]
