@@ -167,9 +167,9 @@ class TreeCandidateGenerator:
         if self.drafter is not None and bool(self.nonfinite):
             name = getattr(self.drafter.config, "_name_or_path", "") or type(self.drafter).__name__
             logger.warning_once(
-                f"hf_tev: the drafter ({name}) gave logits that are not finite (inf or NaN) at some depths; no "
-                "nodes were drafted at those depths, so decoding stays exact but gains nothing there. Check the "
-                "drafter's weights and dtype (float16 can overflow: load it in bfloat16 or float32)."
+                f"hf_tev: the drafter ({name}) gave logits that are not finite (inf or NaN) at some depths; its "
+                "trees stop above them, so decoding stays exact but gains nothing there. Check the drafter's "
+                "weights and dtype (float16 can overflow: load it in bfloat16 or float32)."
             )
 
     def _waiting_context(self, root_positions):
