@@ -1,8 +1,8 @@
 """The command line of `hf-tev bench` (also `python -m hf_tev.bench`): `main(argv, prog)`.
 
 `hf-tev bench [options]` (or `hf-tev bench recipe.yaml [options]`) runs the bench and writes bench.json, bench.md and
-bench.png; `hf-tev bench report DIR/bench.json [--output DIR2]` re-renders bench.md and bench.png from a stored
-bench.json, running nothing. The options are the fields of `BenchConfig`, parsed by transformers'
+bench.png; `hf-tev bench report DIR/bench.json [--output DIR2]` (or `report DIR`) re-renders bench.md and bench.png
+from a stored bench.json, running nothing. The options are the fields of `BenchConfig`, parsed by transformers'
 `HfArgumentParser` as `hf-tev train` parses its own: `--max_new_tokens` and `--max-new-tokens` both work, lists are
 comma- or space-separated, and a YAML / JSON file of the same names can come first (options after it override it).
 """
@@ -146,7 +146,7 @@ def build_parser(prog="hf-tev bench") -> argparse.ArgumentParser:
 
 def build_report_parser(prog="hf-tev bench report") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=prog, description=REPORT_DESCRIPTION)
-    parser.add_argument("json", type=Path, help=f"a {JSON_NAME} written by hf-tev bench")
+    parser.add_argument("json", type=Path, help=f"a {JSON_NAME} written by hf-tev bench, or the folder holding it")
     parser.add_argument(
         "--output", type=Path, default=None, help="folder for bench.md and bench.png (default: the folder of the json)"
     )
@@ -237,6 +237,8 @@ def main(argv: list[str] | None = None, prog: str = "hf-tev bench") -> dict:
 def report_main(argv: list[str], prog: str = "hf-tev bench report") -> dict:
     parser = build_report_parser(prog)
     args = parser.parse_args(argv)
+    if args.json.is_dir():  # the folder of a run: its bench.json
+        args.json = args.json / JSON_NAME
     output = args.json.parent if args.output is None else args.output
     own_folder = Path(output).resolve() == args.json.resolve().parent  # re-rendering the json's own files
     try:

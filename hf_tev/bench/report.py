@@ -395,8 +395,10 @@ def _check_document(document: dict, where: str) -> None:
     if missing:
         raise ValueError(f"{where} lacks {missing}: a bench.json of hf-tev bench holds {list(DOCUMENT_KEYS)}")
     records = document["records"]
-    if not isinstance(records, list) or not records:
-        raise ValueError(f"{where} holds no records (its 'records' is {records!r}): there is nothing to report")
+    if not isinstance(records, list):
+        raise ValueError(f"{where}: its 'records' is a {type(records).__name__}, not a list of records")
+    if not records:
+        raise ValueError(f"{where} holds no records (its 'records' is empty): there is nothing to report")
     settings = SETTINGS_KEYS + (("batch_sizes",) if document["schema"] == BATCH_SCHEMA else ())
     for part, keys in (("settings", settings), ("machine", MACHINE_KEYS)):
         lacking = [key for key in keys if key not in (document[part] or {})]

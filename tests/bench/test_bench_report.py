@@ -159,6 +159,7 @@ def _without(document, path):
     [
         (lambda d: _without(d, ("records",)), "lacks ['records']"),
         (lambda d: {**d, "records": []}, "holds no records"),
+        (lambda d: {**d, "records": {"tev": 1}}, "its 'records' is a dict, not a list"),
         (lambda d: _without(d, ("settings", "temperatures")), "its 'settings' lacks ['temperatures']"),
         (lambda d: _without(d, ("machine", "device")), "its 'machine' lacks ['device']"),
         (lambda d: _without(d, ("records", 0, "tau")), "record 0 lacks ['tau']"),
@@ -193,5 +194,5 @@ def test_report_into_a_folder_of_another_run_is_refused_unless_asked(tmp_path, c
     assert exit_info.value.code == 2 and "--overwrite_output_dir" in capsys.readouterr().err
     hf_tev_main(["bench", "report", str(source / "bench.json"), "--output", str(other), "--overwrite_output_dir"])
     hf_tev_main(["bench", "report", str(source / "bench.json")])  # its own folder: re-rendered freely
-    hf_tev_main(["bench", "report", str(source / "bench.json")])
+    hf_tev_main(["bench", "report", str(source)])  # the folder of a run stands for its bench.json
     assert (other / "bench.md").read_text() == (source / "bench.md").read_text()
