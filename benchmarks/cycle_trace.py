@@ -29,14 +29,15 @@ BUDGETS = (4, 16, 64)
 
 def runs():
     """(name, TEVConfig fields, temperature, batch): the decisions recorded."""
-    for budget in BUDGETS:
-        yield f"greedy-b{budget}", {"budget": budget}, 0.0, False
+    for budget in BUDGETS:  # the drafter alone (lookup=False), then with context drafts
+        yield f"greedy-b{budget}", {"budget": budget, "lookup": False}, 0.0, False
         for verifier in ("tev", "predraw"):
-            yield f"{verifier}-t1-b{budget}", {"budget": budget, "verifier": verifier, "seed": 0}, 1.0, False
+            fields = {"budget": budget, "verifier": verifier, "seed": 0, "lookup": False}
+            yield f"{verifier}-t1-b{budget}", fields, 1.0, False
     yield "greedy-lookup-b16", {"budget": 16, "lookup": True}, 0.0, False
     yield "tev-lookup-t1-b16", {"budget": 16, "lookup": True, "verifier": "tev", "seed": 0}, 1.0, False
-    yield "greedy-batch-b16", {"budget": 16}, 0.0, True
-    yield "tev-batch-t1-b16", {"budget": 16, "verifier": "tev", "seed": 0}, 1.0, True
+    yield "greedy-batch-b16", {"budget": 16, "lookup": False}, 0.0, True
+    yield "tev-batch-t1-b16", {"budget": 16, "verifier": "tev", "seed": 0, "lookup": False}, 1.0, True
 
 
 class TreeRecorder:

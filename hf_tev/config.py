@@ -46,11 +46,12 @@ class TEVConfig:
             run of a fixed `budget`. With `"auto"` the tree sizes follow measured times and earlier calls, and the
             draws a cycle makes follow its tree, so a seed reproduces the output law (exact either way), not the
             sample.
-        lookup (`bool`, defaults to False): add context drafts to the tree (`hf_tev.lookup`,
-            docs/design.md#context-drafts):
-            continuations of earlier occurrences of the text's last n tokens (plus the root), merged with the
-            drafter's candidates in one best-first order. With no `assistant_model` it is tree lookup decoding
-            with no drafter at all.
+        lookup (`bool` or `"auto"`, defaults to `"auto"`): add context drafts to the tree (`hf_tev.lookup`,
+            docs/design.md#context-drafts): continuations of earlier occurrences of the text's last n tokens (plus
+            the root), merged with the drafter's candidates in one best-first order. With no `assistant_model` it
+            is tree lookup decoding with no drafter at all. `"auto"` decides per call (`for_call`): on for greedy
+            decoding, where they pay (the kit: docs/usage.md#what-to-expect), off for sampling, where they do
+            not, and off where `no_repeat_ngram_size` bans the repeats they propose.
         lookup_min_ngram (`int`, defaults to 1), lookup_max_ngram (`int`, defaults to 3): match lengths tried,
             longest first. lookup_length (`int`, defaults to 10): tokens per continuation. lookup_branches
             (`int`, defaults to 3): distinct continuations per cycle.
@@ -65,7 +66,7 @@ class TEVConfig:
     block_size: int | None = None
     seed: int | None = None
     max_budget: int = 128
-    lookup: bool = False
+    lookup: bool | str = "auto"
     lookup_min_ngram: int = 1
     lookup_max_ngram: int = 3
     lookup_length: int = 10
@@ -120,13 +121,13 @@ class TEVConfig:
             raise ValueError(f"TEVConfig.max_budget must be an int in [1, {MAX_TREE_NODES}], got {self.max_budget!r}")
 
     def _check_lookup(self) -> None:
-        if not isinstance(self.lookup, bool):
-            raise TypeError(f"TEVConfig.lookup must be a bool, got {type(self.lookup).__name__}")
+        if not isinstance(self.lookup, bool) and self.lookup != "auto":
+            raise TypeError(f'TEVConfig.lookup must be a bool or "auto", got {self.lookup!r}')
         for name in ("lookup_min_ngram", "lookup_max_ngram", "lookup_length", "lookup_branches"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 64:
                 raise ValueError(f"TEVConfig.{name} must be an int in [1, 64], got {value!r}")
-        if self.lookup and self.tree != "best_first":
+        if self.lookup is True and self.tree != "best_first":
             raise ValueError(
                 f'TEVConfig.lookup merges context drafts into the best-first tree: tree must be "best_first", '
                 f"got {self.tree!r}"
@@ -136,6 +137,20 @@ class TEVConfig:
                 f"TEVConfig.lookup_min_ngram ({self.lookup_min_ngram}) exceeds "
                 f"lookup_max_ngram ({self.lookup_max_ngram})"
             )
+
+    def for_call(self, generation_config, has_drafter: bool) -> TEVConfig:
+        """This config for one `generate` call, `lookup="auto"` decided: context drafts without a drafter (tree
+        lookup decoding), and with one for greedy decoding of the best-first tree unless `no_repeat_ngram_size`
+        bans the repeats they propose. They do not pay when sampling: the text's continuations are far less
+        likely to be the target's draws (measured: docs/usage.md#what-to-expect)."""
+        if self.lookup != "auto":
+            return self
+        lookup = not has_drafter or (
+            not generation_config.do_sample
+            and self.tree == "best_first"
+            and not (getattr(generation_config, "no_repeat_ngram_size", None) or 0)
+        )
+        return dataclasses.replace(self, lookup=lookup)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

@@ -104,6 +104,7 @@ def tree_speculative_decode(
         leave the cache as they stop).
     """
     tev_config = TEVConfig() if tev_config is None else TEVConfig.coerce(tev_config)
+    tev_config = tev_config.for_call(generation_config, drafter is not None)  # lookup="auto" decided
     check_supported(model, drafter, input_ids, generation_config, tev_config, model_kwargs)
     if input_ids.shape[0] > 1:
         check_batch(input_ids, generation_config, model_kwargs, streamer)
@@ -124,6 +125,7 @@ def start(model, drafter, input_ids, logits_processor, stopping_criteria, genera
           model_kwargs) -> Decoding:  # fmt: skip
     """Stage 0: prefill every prompt (each row's real tokens at positions 0, 1, ... as it would be alone), draw
     each row's first root, and set up the call's state."""
+    tev_config = tev_config.for_call(generation_config, drafter is not None)
     batch, device = input_ids.shape[0], input_ids.device
     attention_mask = model_kwargs.get("attention_mask")
     clock = StageClock(device)

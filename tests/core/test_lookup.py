@@ -160,9 +160,11 @@ def test_tree_lookup_without_a_drafter_needs_lookup():
     target = make_target("qwen3")
     prompt = torch.tensor([[1, 5, 9, 13, 7, 1, 5, 9]])
     with pytest.raises(ValueError, match="lookup=True"):
-        target.generate(prompt, do_sample=False, max_new_tokens=4, tev_config=TEVConfig())
-    out = target.generate(prompt, do_sample=False, max_new_tokens=12, tev_config=TEVConfig(lookup=True))
-    assert out.tolist() == target.generate(prompt, do_sample=False, max_new_tokens=12).tolist()
+        target.generate(prompt, do_sample=False, max_new_tokens=4, tev_config=TEVConfig(lookup=False))
+    expected = target.generate(prompt, do_sample=False, max_new_tokens=12).tolist()
+    for lookup in (True, "auto"):  # "auto" without a drafter is tree lookup decoding, sampled or not
+        out = target.generate(prompt, do_sample=False, max_new_tokens=12, tev_config=TEVConfig(lookup=lookup))
+        assert out.tolist() == expected
     with pytest.raises(ValueError, match="best_first"):
         TEVConfig(lookup=True, tree="chain")
 

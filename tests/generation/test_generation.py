@@ -90,9 +90,9 @@ def test_auto_budget_with_a_useless_drafter_decodes_mostly_plainly():
         prompt,
         max_new_tokens=40,
         assistant_model=make_drafter(target),
-        tev_config=TEVConfig(),
+        tev_config=TEVConfig(lookup=False),
         return_dict_in_generate=True,
-    )  # the default budget is "auto"
+    )  # the default budget is "auto"; the drafter alone
     stats = out.tev_stats
     assert out.sequences.tolist() == expected.tolist()
     assert len(stats.predicted_lengths) == stats.num_cycles and stats.budget_model["probe_tokens"][0] == 1
@@ -374,7 +374,7 @@ def test_bad_inputs():
         TEVConfig(verifier="nope")
     # (a batch of prompts decodes: its bad inputs are tested in tests/generation/test_batch.py)
     with pytest.raises(ValueError, match="assistant_model"):
-        greedy(target, prompt, max_new_tokens=4, tev_config=TEVConfig())
+        greedy(target, prompt, max_new_tokens=4, tev_config=TEVConfig(lookup=False))
     with pytest.raises(TypeError, match="TEVConfig"):
         greedy(target, prompt, max_new_tokens=4, assistant_model=drafter, tev_config="tev")
     with pytest.raises(ValueError, match="unknown fields"):
@@ -812,3 +812,31 @@ def test_the_full_block_is_drafted_near_max_length():
     )
     assert rows and set(rows) == {8}  # the drafter always sees its whole block
     assert max(depths) <= 2  # only the depths that can still be emitted are scored
+
+
+def test_lookup_auto_is_decided_per_call():
+    """`TEVConfig()`'s context drafts: on for greedy decoding of the best-first tree, off when sampling or where
+    `no_repeat_ngram_size` bans the repeats they propose; always on without a drafter (tree lookup decoding)."""
+    from transformers import GenerationConfig
+
+    config = TEVConfig()
+    assert config.lookup == "auto"
+    greedy_config, sampled = GenerationConfig(do_sample=False), GenerationConfig(do_sample=True)
+    assert config.for_call(greedy_config, has_drafter=True).lookup is True
+    assert config.for_call(sampled, has_drafter=True).lookup is False
+    assert config.for_call(GenerationConfig(no_repeat_ngram_size=3), has_drafter=True).lookup is False
+    assert TEVConfig(tree="chain").for_call(greedy_config, has_drafter=True).lookup is False
+    assert config.for_call(sampled, has_drafter=False).lookup is True
+    for fixed in (True, False):
+        assert TEVConfig(lookup=fixed).for_call(sampled, has_drafter=True).lookup is fixed
+    with pytest.raises(TypeError, match="lookup"):
+        TEVConfig(lookup="yes")
+    # end to end: the default config decodes greedy with context drafts, exactly
+    target = make_target("qwen3")
+    prompt = torch.tensor([[1, 5, 9, 13, 7, 1, 5, 9, 13, 7, 1, 5]])
+    out = greedy(
+        target, prompt, max_new_tokens=16, assistant_model=make_drafter(target), tev_config=config,
+        return_dict_in_generate=True,
+    )  # fmt: skip
+    assert out.sequences.tolist() == greedy(target, prompt, max_new_tokens=16).tolist()
+    assert out.tev_stats.accepted_by_source.get("lookup", 0) + out.tev_stats.accepted_by_source.get("both", 0) > 0

@@ -64,7 +64,7 @@ def overflowing_at_depth(drafter, depth: int):
     return drafter
 
 
-@pytest.mark.parametrize("settings", [{"budget": 8}, {"budget": "auto"}])
+@pytest.mark.parametrize("settings", [{"budget": 8, "lookup": False}, {"budget": "auto", "lookup": False}])
 def test_the_tree_stops_above_a_depth_the_drafter_could_not_score(settings):
     target = make_target("qwen3")
     prompt = PROMPTS[:1]
