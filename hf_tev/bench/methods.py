@@ -136,6 +136,15 @@ register_method(
 )
 register_method(
     _tev_method(
+        "default",
+        'hf_tev\'s defaults, TEVConfig(): TEV, context drafts decided per call (lookup="auto")',
+        "best_first",
+        "tev",
+        lookup="auto",
+    )
+)
+register_method(
+    _tev_method(
         "lookup_tree",
         "hf_tev, tree of context drafts alone (no drafter), TEV",
         "best_first",

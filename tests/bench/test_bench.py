@@ -38,7 +38,7 @@ def kit_drafter():
     return DRAFTER
 
 
-HF_TEV_METHODS = ("chain", "ddtree", "tev", "tev_lookup", "lookup_tree")
+HF_TEV_METHODS = ("chain", "ddtree", "tev", "tev_lookup", "default", "lookup_tree")
 STAGE_FIELDS = (
     "draft_ms",
     "build_ms",
@@ -137,7 +137,9 @@ def test_every_method_tiny_run_writes_json_table_and_plot(tiny_run, kit_drafter)
             assert r["tau_counted"] == pytest.approx(emitted_by_cycles / r["cycles"])
             assert r["target_forwards"] == r["cycles"] + 1  # prefill + one tree pass per cycle
             assert 0 < r["overhead_fraction"] < 1 and r["model_ms"] < r["cycle_ms"]
-            assert r["draft_ms"] + r["build_ms"] + r["forward_ms"] + r["verify_ms"] <= r["cycle_ms"] * 1.01
+            # each stage is inside the cycle in every run, so its median over runs is at most the cycle's (a sum of
+            # medians need not be: under load the runs' medians come from different runs)
+            assert all(r[name] <= r["cycle_ms"] * 1.01 for name in ("draft_ms", "build_ms", "forward_ms", "verify_ms"))
         else:
             assert all(r[name] is None for name in STAGE_FIELDS), r
         staged = r["method"] in ("ddtree", "tev") and r["temperature"] > 0 and r["budget"] != "auto"
