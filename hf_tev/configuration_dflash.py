@@ -10,9 +10,11 @@ and writes the published layout back, including the legacy rope fields transform
 (`rope_theta`, and `rope_scaling` for a rope that is not the default one), so saved drafters stay loadable by the
 publishers' code and reload in transformers 5 without a deprecation warning.
 
-Newer DFlash variants add fields (sliding-window draft layers, logit soft-capping, convolution and
-selector modules, ...). What this implementation does not compute is refused with an error naming the
-field, never loaded silently wrong.
+Sliding-window draft layers (`layer_types` listing `"sliding_attention"`, with `sliding_window`) attend as
+transformers' own DFlash drafter's do: a block row sees a context row or another block row only when their
+positions are at most `sliding_window` apart (docs/usage.md#drafters). Newer DFlash variants add more
+fields (logit soft-capping, convolution and selector modules, ...). What this implementation does not compute is
+refused with an error naming the field, never loaded silently wrong.
 """
 
 from typing import Any
@@ -91,6 +93,9 @@ class DFlashConfig(Qwen3Config):
         The target's final logit soft-capping (Gemma), as exports for such targets copy it. The drafter's
         marginals always get the target's own capping (`draft_logits`); a value here must equal it
         (`check_target`).
+
+    Qwen3's `layer_types` may list `"sliding_attention"` draft layers, with `sliding_window`: their block rows see
+    the rows at most `sliding_window` positions away (`use_sliding_window` is then set, so the window is kept).
     """
 
     block_size: int = 16
@@ -102,6 +107,8 @@ class DFlashConfig(Qwen3Config):
 
     def __post_init__(self, **kwargs):
         _refuse_unsupported(self, kwargs)
+        if self.layer_types and "sliding_attention" in self.layer_types and self.sliding_window is not None:
+            self.use_sliding_window = True  # Qwen3's post-init drops the window of a config without it
         nested = dict(self.dflash_config or {})
         if "block_size" in nested:
             self.block_size = nested["block_size"]
@@ -163,11 +170,14 @@ def _refuse_unsupported(config: DFlashConfig, extra: dict[str, Any]) -> None:
 def _check_values(config: DFlashConfig) -> None:
     """Values of known fields that hf_tev cannot honour (called after Qwen3's own normalisation)."""
     problems = []
-    if config.use_sliding_window or any(t != "full_attention" for t in config.layer_types):
-        problems.append(
-            f"sliding-window draft layers (use_sliding_window={config.use_sliding_window}, "
-            f"layer_types={config.layer_types}) are not supported"
-        )
+    other = sorted(set(config.layer_types) - {"full_attention", "sliding_attention"})
+    if other:
+        problems.append(f"layer_types {other} are not supported (full_attention and sliding_attention are)")
+    window = config.sliding_window
+    if "sliding_attention" in config.layer_types and (
+        isinstance(window, bool) or not isinstance(window, int) or window < 1
+    ):
+        problems.append(f"sliding_attention layers need sliding_window, an int >= 1, got {window!r}")
     if not isinstance(config.block_size, int) or config.block_size < 2:
         problems.append(f"block_size={config.block_size!r} must be an int >= 2")
     ids = config.target_layer_ids

@@ -5,8 +5,9 @@ The drafter is a small Qwen3-style stack without embeddings or LM head. Per draf
    (hidden-state index `l + 1`) and projected by `fc` + `hidden_norm`;
  - block rows: the target's embeddings of `[root, MASK, ..., MASK]`.
 Queries come from the block rows only; keys/values from the context rows followed by the block rows, so
-the block sees every context row and itself bidirectionally. The target's LM head on the final-normed
-block rows 1..L-1 gives the per-depth draft marginals q_1..q_D.
+the block sees every context row and itself bidirectionally (in a sliding-window draft layer, only the rows at
+most `sliding_window` positions away, as transformers' own DFlash drafter). The target's LM head on the
+final-normed block rows 1..L-1 gives the per-depth draft marginals q_1..q_D.
 
 Context K/V are cached across cycles; block K/V are appended by the forward and must be cropped by the
 caller before the next cycle (`draft_logits` does it; transformers' native `speculation_type="dflash"`
@@ -22,7 +23,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 from transformers import DynamicCache, PreTrainedModel
-from transformers.cache_utils import Cache
+from transformers.cache_utils import Cache, DynamicLayer
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import BaseModelOutputWithPast
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
@@ -74,6 +75,8 @@ class DFlashAttention(Qwen3Attention):
         key = _rotate(key, cos, sin)
         if cache is not None:  # appends context + block K/V; returns everything cached so far
             key, value = cache.update(key, value, self.layer_idx)
+        if isinstance(attention_mask, SlidingWindowMask):  # a sliding layer: its mask depends on the keys it got
+            attention_mask = attention_mask.for_keys(key.shape[-2])
 
         attention_interface: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(
             self.config._attn_implementation, eager_attention_forward
@@ -163,6 +166,8 @@ class DFlashDraftModel(PreTrainedModel):
             attention_mask (`torch.Tensor`, *optional*): None (block sees all cached and new context rows
                 and itself), a 2D padding mask `[B, past + c + L]` (1 = visible; the native path's), or a
                 4D additive float mask `[B|1, 1, L, past + c + L]` used as given (bool: True = visible).
+                Sliding-window layers also hide every key more than `sliding_window` positions from the query;
+                cached rows count as the positions just before the first new row's.
             cache (`Cache`, *optional*): context + block K/V are appended; cropping the block rows is the
                 caller's job.
         Returns:
@@ -192,10 +197,13 @@ class DFlashDraftModel(PreTrainedModel):
         past = cache.get_seq_length() if cache is not None else 0
         mask = _attention_bias(attention_mask, block_len, past + context.shape[1] + block_len, noise_embeds.dtype)
         position_embeddings = self.rotary_emb(noise_embeds, position_ids)
+        window, dtype = self.config.sliding_window, noise_embeds.dtype
+        windowed = None if window is None else SlidingWindowMask(mask, position_ids, block_len, window, dtype)
 
         hidden_states = noise_embeds
         for layer in self.layers:
-            hidden_states = layer(hidden_states, context, position_embeddings, mask, cache)
+            layer_mask = windowed if layer.self_attn.sliding_window is not None else mask
+            hidden_states = layer(hidden_states, context, position_embeddings, layer_mask, cache)
         hidden_states = self.norm(hidden_states).to(device=out_device, dtype=out_dtype)
         return BaseModelOutputWithPast(last_hidden_state=hidden_states, cache=cache)
 
@@ -215,8 +223,12 @@ class DFlashDraftModel(PreTrainedModel):
         return torch.cat([hidden_states[i] for i in self.target_hidden_indices], dim=-1)
 
     def new_cache(self) -> Cache:
-        """The cache `draft_logits` keeps context K/V in (one per generation)."""
-        return DynamicCache(config=self.config)
+        """The cache `draft_logits` keeps context K/V in (one per generation). Sliding-window layers keep every
+        row too (their window is applied by the mask), so the block rows can be cropped again."""
+        cache = DynamicCache(config=self.config)
+        if self.config.sliding_window is not None:
+            cache.layers = [DynamicLayer() for _ in cache.layers]
+        return cache
 
     def draft_logits(
         self,
@@ -241,13 +253,7 @@ class DFlashDraftModel(PreTrainedModel):
             attention_mask (*optional*): as for `forward` (e.g. a 2D `[B, past + c + L]` mask, 1 = visible, for
                 rows whose cached or new context columns include padding).
         """
-        depths = block_ids.shape[1] - 1
-        if num_depths is not None and (
-            isinstance(num_depths, bool) or not isinstance(num_depths, int) or not 0 <= num_depths <= depths
-        ):
-            raise ValueError(
-                f"num_depths must be an int in [0, {depths}] (the block's drafted depths), got {num_depths!r}"
-            )
+        depths = check_num_depths(num_depths, block_ids.shape[1] - 1)
         noise_embeds = target.get_input_embeddings()(block_ids)  # [B, L, H]
         block_rows = self(
             noise_embeds, context_hidden_states, position_ids, attention_mask, cache=cache
@@ -255,7 +261,7 @@ class DFlashDraftModel(PreTrainedModel):
         if cache is not None:
             cache.crop(-block_ids.shape[1])  # a view: only context K/V remain, no copy
         head = target.get_output_embeddings()
-        rows = block_rows[:, 1 : 1 + (depths if num_depths is None else num_depths)]
+        rows = block_rows[:, 1 : 1 + depths]
         logits = head(rows.to(device=head.weight.device, dtype=head.weight.dtype))
         cap = getattr(target.config.get_text_config(), "final_logit_softcapping", None)
         if cap:  # the target's own final soft-capping (Gemma), as its logits and the drafter's training have it
@@ -312,6 +318,8 @@ class DFlashDraftModel(PreTrainedModel):
         block_size: int = 16,
         mask_token_id: int | None = None,
         target_layer_ids: list[int] | None = None,
+        layer_types: list[str] | None = None,
+        sliding_window: int | None = None,
     ):
         """A freshly initialised drafter sized for `target` (same dtype and device, eval mode like
         `from_pretrained`).
@@ -319,7 +327,9 @@ class DFlashDraftModel(PreTrainedModel):
         Hidden size, heads, head_dim, KV heads, intermediate size, activation, rope parameters, rms eps and
         vocabulary are the target's. Without `target_layer_ids` (which target layers' outputs the drafter
         reads, any number of them), the default rule picks them. Without `mask_token_id`, the mask token is
-        `default_mask_token_id(target.config)`.
+        `default_mask_token_id(target.config)`. `layer_types` (`"full_attention"` or `"sliding_attention"` per
+        draft layer) with `sliding_window` makes sliding-window draft layers (`sliding_window` alone: every layer
+        slides); by default every layer is full.
         """
         tc = target.config.get_text_config()
         _check_from_target_arguments(tc, target, num_layers, block_size, mask_token_id, target_layer_ids)
@@ -348,6 +358,8 @@ class DFlashDraftModel(PreTrainedModel):
             ),
             mask_token_id=default_mask_token_id(tc) if mask_token_id is None else mask_token_id,
             final_logit_softcapping=getattr(tc, "final_logit_softcapping", None),
+            layer_types=_draft_layer_types(num_layers, layer_types, sliding_window),
+            sliding_window=sliding_window,
         )
         drafter = cls._from_config(config, dtype=target.dtype).to(target.device)
         drafter.check_target(target)
@@ -386,6 +398,15 @@ class DFlashDraftModel(PreTrainedModel):
                 "describes: " + "; ".join(problems)
             )
         return (model, info) if want_info else model
+
+
+def check_num_depths(num_depths, depths: int) -> int:
+    """The number of depths `draft_logits` scores: `num_depths` (an int in [0, depths]) or all `depths`."""
+    if num_depths is None:
+        return depths
+    if isinstance(num_depths, bool) or not isinstance(num_depths, int) or not 0 <= num_depths <= depths:
+        raise ValueError(f"num_depths must be an int in [0, {depths}] (the block's drafted depths), got {num_depths!r}")
+    return num_depths
 
 
 def _base_attribute(text_config, name: str):
@@ -445,6 +466,39 @@ def _attention_bias(attention_mask, block_len: int, kv_len: int, dtype) -> torch
     return torch.zeros(visible.shape, dtype=dtype, device=visible.device).masked_fill_(~visible, torch.finfo(dtype).min)
 
 
+class SlidingWindowMask:
+    """The block's mask in a sliding-window draft layer: `base` with every key more than `window` positions away
+    from the query hidden, as transformers' bidirectional sliding overlay (`|q - k| <= window`) does it.
+
+    The keys are those the layer's cache returned: cached rows (transformers' own sliding cache layers return only
+    the last ones) followed by the new context and block rows at `position_ids`; cached rows sit at the positions
+    just before the first new row's, as they do for one sequence (a batch's cache with holes does not keep them
+    so, and is refused for sliding-window drafters).
+
+    Args:
+        base (`torch.Tensor`, *optional*): the additive mask of the call `[B|1, 1, L|1, past + c + L]`, or None.
+        position_ids (`torch.LongTensor` of shape `[B|1, c + L]`).
+    """
+
+    def __init__(self, base, position_ids: torch.Tensor, block_len: int, window: int, dtype: torch.dtype):
+        self.base, self.positions, self.block_len, self.window = base, position_ids, block_len, window
+        self.dtype = dtype
+        self.masks = {}  # by key count
+
+    def for_keys(self, keys: int) -> torch.Tensor:
+        """The additive mask `[B|1, 1, L, keys]` for a layer whose attention gets `keys` keys."""
+        if keys not in self.masks:
+            positions = self.positions
+            cached = torch.arange(positions.shape[-1] - keys, 0, device=positions.device)  # -old .. -1
+            key_positions = torch.cat([positions[:, :1] + cached, positions], dim=1)  # [B|1, keys]
+            query_positions = positions[:, -self.block_len :]  # [B|1, L]
+            outside = (query_positions[:, :, None] - key_positions[:, None, :]).abs() > self.window
+            base = torch.zeros((), dtype=self.dtype, device=positions.device)
+            base = base if self.base is None else self.base[..., -keys:]
+            self.masks[keys] = torch.where(outside[:, None], torch.finfo(self.dtype).min, base)
+        return self.masks[keys]
+
+
 def _check_from_target_arguments(text_config, target, num_layers, block_size, mask_token_id, target_layer_ids):
     """Raise ValueError naming the `from_target` argument that cannot make a drafter for this target."""
 
@@ -466,3 +520,23 @@ def _check_from_target_arguments(text_config, target, num_layers, block_size, ma
                 f"from_target(target_layer_ids={target_layer_ids!r}): must be a non-empty list of the target's "
                 f"layer indices, each in [0, {layers})"
             )
+
+
+def _draft_layer_types(num_layers: int, layer_types, sliding_window) -> list[str] | None:
+    """`from_target`'s draft layer types (None: Qwen3's default, all full), or ValueError naming the argument."""
+    if sliding_window is not None and (
+        isinstance(sliding_window, bool) or not isinstance(sliding_window, int) or sliding_window < 1
+    ):
+        raise ValueError(f"from_target(sliding_window={sliding_window!r}): the window is an int >= 1 of positions")
+    if layer_types is None:
+        return None if sliding_window is None else ["sliding_attention"] * num_layers
+    types = list(layer_types) if isinstance(layer_types, (list, tuple)) else None
+    known = ("full_attention", "sliding_attention")
+    if types is None or len(types) != num_layers or any(t not in known for t in types):
+        raise ValueError(
+            f"from_target(layer_types={layer_types!r}): must list one of {known} for each of the {num_layers} "
+            "draft layers"
+        )
+    if "sliding_attention" in types and sliding_window is None:
+        raise ValueError("from_target(layer_types=...) lists sliding_attention layers: pass sliding_window= too")
+    return types

@@ -11,6 +11,7 @@ from transformers.cache_utils import DummyLayer, DynamicCache, DynamicLayer, Dyn
 from transformers.utils import logging
 
 from ..config import TEVConfig, tree_memory_bytes
+from ..native_drafters import drafter_sliding_window, native_drafter_problems
 from ..target_layers import check_tree_layers, sliding_window
 
 logger = logging.get_logger(__name__)
@@ -69,6 +70,8 @@ def check_supported(model, drafter, input_ids, generation_config, tev_config: TE
         if refused(value):
             raise refusal(name, value, what)
     check_inputs(input_ids, model_kwargs)
+    if input_ids.shape[0] > 1:
+        check_batch_drafter(drafter)
     check_tree_layers(model)  # target layers that cannot branch in a tree pass, before their cache is looked at
     check_cache(model_kwargs.get("cache"), input_ids)
     check_pair(model, drafter, tev_config)
@@ -76,7 +79,8 @@ def check_supported(model, drafter, input_ids, generation_config, tev_config: TE
 
 
 def check_drafter(drafter, tev_config: TEVConfig) -> None:
-    """A DFlash drafter with its weights loaded (none for tree lookup decoding)."""
+    """A DFlash drafter with its weights loaded (none for tree lookup decoding): hf_tev's own, or one transformers'
+    DFlash chain drives (`hf_tev.native_drafters.tree_drafter` made it hf_tev's interface before this check)."""
     if drafter is None and not tev_config.lookup:
         raise ValueError(
             "`tev_config` needs `assistant_model=` a DFlash drafter (hf_tev.DFlashDraftModel), or "
@@ -84,7 +88,9 @@ def check_drafter(drafter, tev_config: TEVConfig) -> None:
         )
     if drafter is not None and not hasattr(drafter, "draft_logits"):
         raise TypeError(
-            f"`assistant_model` must be a DFlash drafter (hf_tev.DFlashDraftModel), got {type(drafter).__name__}. "
+            "`assistant_model` must be a DFlash drafter: hf_tev.DFlashDraftModel, or a drafter transformers' "
+            "speculation_type='dflash' chain drives (such as MuseGlimmerAssistantModel); "
+            f"{type(drafter).__name__} has no {', '.join(native_drafter_problems(drafter))}. "
             "Classic assistant models use transformers' assisted generation: drop `tev_config`."
         )
     if drafter is not None and any(p.is_meta for p in drafter.parameters()):
@@ -226,6 +232,16 @@ def check_batch(input_ids, generation_config, model_kwargs, streamer) -> None:
             f"Prompt row(s) {rows} are at least `max_length`={generation_config.max_length} tokens long (the "
             f"batch is {width} columns with its left padding): nothing can be generated; raise `max_length` "
             "or set `max_new_tokens`."
+        )
+
+
+def check_batch_drafter(drafter) -> None:
+    """A batch's holed drafter-cache columns would shift each row's draft window, as for the target's layers."""
+    window = None if drafter is None else drafter_sliding_window(drafter)
+    if window is not None:
+        raise ValueError(
+            f"hf_tev tree decoding of a batch supports drafters whose layers attend to every row; this drafter has "
+            f"sliding-window layers (window {window}): decode its prompts one at a time."
         )
 
 

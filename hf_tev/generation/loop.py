@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..config import TEVConfig, TEVStats
+from ..native_drafters import tree_drafter
 from ..target_layers import full_length_cache
 from ..verify import VERIFIERS, target_flow
 from .auto import TreeSizes, automatic_budget, probe_ratio
@@ -105,6 +106,7 @@ def tree_speculative_decode(
     """
     tev_config = TEVConfig() if tev_config is None else TEVConfig.coerce(tev_config)
     tev_config = tev_config.for_call(generation_config, drafter is not None)  # lookup="auto" decided
+    drafter = tree_drafter(drafter)  # a drafter transformers' DFlash chain drives: fed as that chain feeds it
     check_supported(model, drafter, input_ids, generation_config, tev_config, model_kwargs)
     if input_ids.shape[0] > 1:
         check_batch(input_ids, generation_config, model_kwargs, streamer)

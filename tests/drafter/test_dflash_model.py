@@ -536,7 +536,7 @@ def test_refuses_missing_unexpected_and_misshaped_weights(tmp_path):
 @pytest.mark.parametrize(
     "change, named",
     [
-        ({"use_sliding_window": True, "sliding_window": 16, "layer_types": ["sliding_attention"] * 2}, "sliding"),
+        ({"use_sliding_window": True, "sliding_window": None, "layer_types": ["sliding_attention"] * 2}, "window"),
         (
             {"dflash_config": {"target_layer_ids": [1, 3], "mask_token_id": 95, "projector_type": "mlp"}},
             "dflash_config.projector_type",
