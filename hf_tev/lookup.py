@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .tree import DraftTree, check_draft_logprobs, ranked_topk, root_tensor, tree_from_lists
+from .tree import DraftTree, check_draft_logprobs, host_topk, root_tensor, tree_from_lists
 
 DRAFTER, LOOKUP, BOTH = "drafter", "lookup", "both"
 
@@ -209,11 +209,7 @@ def _host_topk(draft_logprobs: torch.Tensor | None, budget: int) -> tuple[list, 
     if draft_logprobs is None or budget == 0 or draft_logprobs.shape[0] == 0:
         return [], [], 0
     k = min(budget, draft_logprobs.shape[1])
-    top_values, top_ids, row_max = ranked_topk(draft_logprobs, k)
-    host = torch.cat([top_values.double(), top_ids.double(), row_max.double()[:, None]], dim=1).cpu()
-    if not (host[:, -1] <= 0).all():
-        raise ValueError("draft_logprobs must be log-probabilities (<= 0, no NaN; -inf allowed)")
-    return host[:, :k].tolist(), host[:, k : 2 * k].long().tolist(), k
+    return *host_topk(draft_logprobs, k), k
 
 
 class _MergedNodes:

@@ -24,6 +24,7 @@ all paths in increasing key order. Only ranks < min(budget, V) can ever be reach
 budget, hence one top-k per depth suffices.
 """
 
+import array
 import dataclasses
 import heapq
 from dataclasses import dataclass, field
@@ -140,8 +141,7 @@ class DraftTree:
         parents = lists.parents[:num_nodes]
         kept = _tree_lists(parents, lists.tokens[:num_nodes])
         row_of = {node: row for row, node in enumerate(kept.internal)}
-        index = torch.tensor(kept.internal + [row_of[parent] for parent in parents[1:]], dtype=torch.long)
-        index = index.to(self.tokens.device)
+        index = host_long(kept.internal + [row_of[parent] for parent in parents[1:]]).to(self.tokens.device)
         depths = [0]  # on the host: the tensor's would cost a device sync
         for parent in parents[1:]:
             depths.append(depths[parent] + 1)
@@ -162,6 +162,14 @@ class DraftTree:
             _path_logprobs=None if self._path_logprobs is None else self._path_logprobs[:num_nodes],
             _node_info=info,
         )
+
+
+def host_long(values: list[int]) -> torch.LongTensor:
+    """A host LongTensor `[n]` of Python ints. `torch.tensor(list)` inspects every element; a tensor over an
+    `array("q")` buffer (which it keeps alive) is several times cheaper, and the decoding cycle makes a few."""
+    if not values:
+        return torch.empty(0, dtype=torch.long)  # frombuffer refuses an empty buffer
+    return torch.frombuffer(array.array("q", values), dtype=torch.long)
 
 
 def check_draft_logprobs(draft_logprobs) -> None:
@@ -194,8 +202,10 @@ def ranked_topk(logprobs: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Lon
     drafter logits tie a lot), while a full stable sort of [D, V] is ~50x slower than topk on
     CPU. So topk runs on an integer key that is unique per entry: for values <= 0 (all valid
     input) the float order is the reverse of the order of |x|'s IEEE bits, and +0.0 / -0.0 share
-    the bits 0, hence the k smallest of bits(|x|) * V + index are the wanted entries, in order.
-    Float64 has no room for the index in 64 bits and takes the stable sort.
+    the bits 0, hence the k smallest of (bits(|x|), index) in lexicographic order are the wanted
+    entries, in order. The key packs that pair into one int64, bits(|x|) << s | index with
+    2**s > V (a shift and an or: cheaper than bits * V + index, the same order). Float64 has no
+    room for the index in 64 bits and takes the stable sort.
 
     Also returns each row's maximum (NaN if the row has a NaN), for input validation.
     """
@@ -206,9 +216,30 @@ def ranked_topk(logprobs: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Lon
         values, ids = logprobs.sort(dim=-1, descending=True, stable=True)
         return values[:, :k], ids[:, :k], row_max
     magnitude_bits = logprobs.float().abs().view(torch.int32).long()  # [D, V], exact for 16-bit floats
-    key = magnitude_bits.mul_(vocab).add_(torch.arange(vocab, device=logprobs.device))  # [D, V], unique
+    key = magnitude_bits.bitwise_left_shift_(vocab.bit_length()).bitwise_or_(
+        torch.arange(vocab, device=logprobs.device)
+    )  # [D, V], unique
     ids = key.topk(k, dim=-1, largest=False).indices  # [D, k]
     return logprobs.gather(1, ids), ids, row_max
+
+
+def host_topk(draft_logprobs: torch.Tensor, k: int) -> tuple[list[list[float]], list[list[int]]]:
+    """`ranked_topk`'s values and token ids as host lists `[D][k]`, checked to be log-probabilities (every row's
+    maximum <= 0, so no NaN): one device-to-host transfer of all three. On CPU, where nothing is transferred, three
+    list conversions replace the packing into one float64 tensor (the same numbers: float32 and bfloat16 values
+    are exact in Python floats, token ids in float64)."""
+    values, ids, row_max = ranked_topk(draft_logprobs, k)
+    if draft_logprobs.device.type == "cpu":
+        maxima, values, ids = row_max.tolist(), values.tolist(), ids.tolist()
+    else:
+        host = torch.cat([values.double(), ids.double(), row_max.double()[:, None]], dim=1).cpu()  # [D, 2k + 1]
+        maxima, values, ids = host[:, -1].tolist(), host[:, :k].tolist(), host[:, k : 2 * k].long().tolist()
+    if not all(maximum <= 0 for maximum in maxima):  # a positive maximum or a NaN
+        raise ValueError(
+            "draft_logprobs must be log-probabilities (<= 0, no NaN; -inf allowed): "
+            "pass log_softmax of the drafter logits"
+        )
+    return values, ids
 
 
 def build_tree(draft_logprobs: torch.Tensor, budget: int, root_token, size_rule=None) -> DraftTree:
@@ -241,15 +272,8 @@ def build_tree(draft_logprobs: torch.Tensor, budget: int, root_token, size_rule=
     if k == 0 or num_depths == 0:
         return chain_tree(draft_logprobs, 0, root)
 
-    # 1. Ranked top-k per depth, then the only host transfer: values, token ids, row maxima.
-    values, ids, row_max = ranked_topk(draft_logprobs, k)
-    host = torch.cat([values.double(), ids.double(), row_max.double()[:, None]], dim=1).cpu()  # [D, 2k + 1]
-    if not (host[:, -1] <= 0).all():  # a positive maximum or a NaN
-        raise ValueError(
-            "draft_logprobs must be log-probabilities (<= 0, no NaN; -inf allowed): "
-            "pass log_softmax of the drafter logits"
-        )
-    values, ids = host[:, :k].tolist(), host[:, k : 2 * k].long().tolist()  # [D][k] floats / ints
+    # 1. Ranked top-k per depth, the only host transfer: values and token ids, [D][k] floats / ints.
+    values, ids = host_topk(draft_logprobs, k)
 
     # 2. Best-first search over (depth, rank) moves. Heap entry: (-score, depth, ranks, parent node,
     # parent score); (depth, ranks) is unique per path, so the entries after it are never compared.
@@ -290,25 +314,27 @@ def tree_from_lists(
 ) -> DraftTree:
     """Assemble a DraftTree from the builder's host lists (drafted nodes only; root prepended)."""
     device = root.device
-    num_nodes = len(tokens) + 1
+    n = len(tokens) + 1
     lists = _tree_lists([-1] + parents, [-1] + tokens)
     row_of = {node: row for row, node in enumerate(lists.internal)}
-    parent_rows = [0] + [row_of[parent] for parent in parents]
-    structure = torch.tensor([[0] + depths, [-1] + parents, [0] + tokens, parent_rows], dtype=torch.long).to(device)
-    rows = [node for node, chain in enumerate(ancestors) for _ in chain]
-    cols = [ancestor for chain in ancestors for ancestor in chain]
-    visibility = torch.zeros(num_nodes, num_nodes, dtype=torch.bool)
-    visibility[rows, cols] = True
-    internal = torch.tensor(lists.internal, dtype=torch.long).to(device)
+    internal = len(lists.internal)
+    # Every integer of the tree's tensors in ONE host list, so one tensor and one copy to the device (each tensor
+    # made from a list costs more than the list): depths, parents, tokens, parent rows, internal nodes, and the
+    # flat indices node * n + ancestor of the visible pairs.
+    data = [0, *depths, -1, *parents, -1, *tokens, *(row_of[parent] for parent in parents), *lists.internal]
+    data += [node * n + ancestor for node, chain in enumerate(ancestors) for ancestor in chain]
+    data = host_long(data).to(device)
+    visible = data[4 * n - 1 + internal :]
+    visibility = torch.zeros(n * n, dtype=torch.bool, device=device).index_fill_(0, visible, True).view(n, n)
     return DraftTree(
-        tokens=torch.cat([root, structure[2, 1:]]),
-        depths=structure[0],
-        parents=structure[1],
-        visibility=visibility.to(device),
+        tokens=torch.cat([root, data[2 * n + 1 : 3 * n]]),
+        depths=data[:n],
+        parents=data[n : 2 * n],
+        visibility=visibility,
         _max_depth=max(depths, default=0),
-        _internal_nodes=internal,
+        _internal_nodes=data[4 * n - 1 : 4 * n - 1 + internal],
         _lists=lists,
-        _parent_rows=structure[3, 1:],
+        _parent_rows=data[3 * n : 4 * n - 1],
         _path_logprobs=scores,
     )
 
@@ -348,6 +374,26 @@ def chain_tree(draft_logprobs: torch.Tensor, budget: int, root_token, size_rule=
         _parent_rows=depths[:-1],  # node i's parent i - 1 is internal node number i - 1
         _path_logprobs=scores,
     )
+
+
+class RootTrees:
+    """Trees of the root alone (a plain decoding step), the same as `chain_tree(..., 0, root)` gives. Their
+    structure tensors are the same for every root, so they are made once per device and shared (trees are never
+    written to): a cycle that drafts nothing pays one view of its root instead of a dozen small tensor ops."""
+
+    def __init__(self, device):
+        depths = torch.zeros(1, dtype=torch.long, device=device)
+        self.structure = {
+            "depths": depths,
+            "parents": depths - 1,
+            "visibility": torch.ones(1, 1, dtype=torch.bool, device=device),
+            "_internal_nodes": depths[:0],
+            "_parent_rows": depths[:0],
+        }
+
+    def __call__(self, root: torch.LongTensor) -> DraftTree:
+        """The tree of `root` (a one-element LongTensor on this device) alone."""
+        return DraftTree(tokens=root.reshape(1), _max_depth=0, _path_logprobs=[0.0], **self.structure)
 
 
 # Tree sources, one signature: (draft_logprobs [D, V], budget, root_token, size_rule=None) -> DraftTree.

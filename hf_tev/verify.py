@@ -28,7 +28,7 @@ from bisect import bisect_left
 
 import torch
 
-from .tree import DraftTree, TreeLists
+from .tree import DraftTree, TreeLists, host_long
 
 # --------------------------------------------------------------------------------------------
 # Random draws (sync-free on accelerators)
@@ -144,7 +144,7 @@ def _path(lists: TreeLists, node: int) -> torch.LongTensor:
     path = [node]
     while lists.parents[path[-1]] >= 0:
         path.append(lists.parents[path[-1]])
-    return torch.tensor(path[::-1])
+    return host_long(path[::-1])
 
 
 def _follow(lists: TreeLists, choice: list[int]) -> int:

@@ -59,8 +59,19 @@ def verifier_stage(trees, logits, committed_ids, logits_processors, verify, gene
         paths.append(path)
         bonuses.append(bonus)
         processed.append(scores)
+    # Whether every row kept its tree's first nodes 0..k (often: nodes are stored best first), so that nothing
+    # moves in the cache. Read from the host paths without a tensor op: indices increase along a path from 0, so
+    # a path of k + 1 nodes is 0..k exactly when it ends at k.
     longest = max(path.numel() for path in paths)
-    padded = torch.stack([torch.cat([path, path[-1:].expand(longest - path.numel())]) for path in paths])
-    is_prefix = bool((padded == torch.arange(longest)).all())
-    commit_accepted_path(cache, past, padded.to(logits.device, non_blocking=True), is_prefix)
+    is_prefix = all(path.numel() == longest and int(path[-1]) == longest - 1 for path in paths)
+    if is_prefix:  # only the path length is read
+        commit_accepted_path(cache, past, paths[0], True)
+    else:
+        padded = paths[0] if len(paths) == 1 else torch.stack([_padded(path, longest) for path in paths])
+        commit_accepted_path(cache, past, padded.to(logits.device, non_blocking=True), False)
     return paths, bonuses, processed
+
+
+def _padded(path: torch.Tensor, length: int) -> torch.Tensor:
+    """A row's path `[k + 1]` padded to `length` by repeating its last node (`commit_accepted_path`)."""
+    return torch.cat([path, path[-1:].expand(length - path.numel())])

@@ -153,6 +153,35 @@ def test_budget_zero_and_no_depth_give_root_only():
         assert tree.internal_nodes.tolist() == []
 
 
+def test_root_trees_equal_the_chain_of_no_node():
+    from hf_tev.tree import RootTrees
+
+    root_trees = RootTrees(torch.device("cpu"))
+    for token in (5, 0):
+        root = torch.tensor([token])
+        tree, expected = root_trees(root), chain_tree(torch.zeros(0, 1), 0, root)
+        for name in ("tokens", "depths", "parents", "visibility", "internal_nodes", "parent_rows"):
+            assert torch.equal(getattr(tree, name), getattr(expected, name)), name
+            assert getattr(tree, name).dtype == getattr(expected, name).dtype
+        assert tree.lists == expected.lists and tree.max_depth == 0 and tree.path_logprobs == expected.path_logprobs
+
+
+def test_host_long_and_host_topk_equal_their_slow_forms():
+    from hf_tev.tree import host_long, host_topk, ranked_topk
+
+    for values in ([], [0], [-1, 2**40, 7]):
+        assert torch.equal(host_long(values), torch.tensor(values, dtype=torch.long))
+    gen = torch.Generator().manual_seed(1)
+    for dtype in (torch.float32, torch.bfloat16):
+        logprobs = (2 * torch.randn(4, 300, generator=gen)).log_softmax(-1).to(dtype)
+        logprobs[1] = -math.inf
+        values, ids = host_topk(logprobs, 9)
+        expected_values, expected_ids, _ = ranked_topk(logprobs, 9)
+        assert values == expected_values.double().tolist() and ids == expected_ids.tolist()
+    with pytest.raises(ValueError, match="log-probabilities"):
+        host_topk(torch.full((2, 5), math.nan), 3)
+
+
 def test_chain_tree():
     logprobs = torch.tensor([[-1.0, -0.5, -0.5], [-0.1, -2.0, -3.0], [-3.0, -3.0, -0.2]])
     tree = chain_tree(logprobs, 99, torch.tensor(9))
