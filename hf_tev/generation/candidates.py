@@ -23,7 +23,7 @@ from transformers.utils import logging
 
 from ..config import TEVConfig
 from ..lookup import ContextIndex, LookupStats, build_merged_tree
-from ..tree import TREE_BUILDERS, DraftTree, chain_tree
+from ..tree import TREE_BUILDERS, DraftTree, RootTrees
 from .cache import compact_columns, select_rows
 
 logger = logging.get_logger(__name__)
@@ -73,12 +73,19 @@ class TreeCandidateGenerator:
                 )
                 row.lookup_stats = LookupStats()
         self.hidden_indices = None if drafter is None else drafter.target_hidden_indices
+        self.root_trees = RootTrees(device)
         if drafter is None:
             return
         self.block_size = tev_config.block_size or drafter.config.block_size
         self.cache = drafter.new_cache()
-        self.hidden = torch.zeros(rows, 0, dtype=torch.bool, device=device)  # [R, C]: the cache's hidden columns
-        self.block_ids = torch.full((1, self.block_size), drafter.config.mask_token_id, dtype=torch.long, device=device)
+        # A batch tracks the drafter cache's hidden columns per row ([R, C]) and masks them, also once it has
+        # shrunk to one row; one prompt's cache has none, so its calls skip that bookkeeping and pass no mask.
+        self.batch = rows > 1
+        self.hidden = torch.zeros(rows, 0, dtype=torch.bool, device=device)
+        # [R, L]: every row's block [root, MASK, ...]; the MASK columns are written once, each draft writes the roots
+        self.block_ids = torch.full(
+            (rows, self.block_size), drafter.config.mask_token_id, dtype=torch.long, device=device
+        )
         self.block_offsets = torch.arange(self.block_size, device=device)  # [L]
         self.nonfinite = torch.zeros((), dtype=torch.bool, device=device)  # the drafter gave inf / NaN logits
 
@@ -141,16 +148,17 @@ class TreeCandidateGenerator:
         if max(depths) <= 0:
             return [None] * len(roots)
         features, positions, padding = self._waiting_context(root_positions)
-        block_ids = self.block_ids.repeat(len(roots), 1)  # [R, L]: [root, MASK, ...]
-        block_ids[:, 0] = torch.cat(roots)
-        hidden = torch.cat([self.hidden, padding], dim=1)
+        block_ids = self.block_ids[: len(roots)]  # [R, L]: [root, MASK, ...], the roots written in place
+        block_ids[:, 0] = roots[0] if len(roots) == 1 else torch.cat(roots)
         masked = {}  # one prompt hides nothing: the drafter's own unmasked call
-        if len(roots) > 1:
+        if self.batch:
+            hidden = torch.cat([self.hidden, padding], dim=1)
             masked["attention_mask"] = torch.cat([~hidden, torch.ones_like(block_ids, dtype=torch.bool)], dim=1)
         logits = self.drafter.draft_logits(
             self.target, features, block_ids, positions, cache=self.cache, num_depths=max(depths), **masked
         )  # [R, max d, V]
-        self.hidden = hidden
+        if self.batch:
+            self.hidden = hidden
         return [self.finite_depths(logits[i, :d]) if d > 0 else None for i, d in enumerate(depths)]
 
     def finite_depths(self, logits: torch.Tensor) -> torch.Tensor:
@@ -158,9 +166,11 @@ class TreeCandidateGenerator:
         overflow, broken weights) set to -inf, so that no node is drafted there (`drafted_nodes`): decoding stays
         exact whatever the drafter says. Device ops only; the call's flag says so at its end (`warn_nonfinite`)."""
         logprobs = torch.log_softmax(logits.float(), dim=-1)
-        unusable = logprobs.isnan().any(dim=-1, keepdim=True)  # [d, 1]: log_softmax of inf or NaN logits is NaN
+        # [d, 1]: log_softmax of a row with an inf or NaN logit has a NaN, and a row's maximum is NaN if any entry
+        # is (one reduction; `isnan().any()` makes a [d, V] mask first)
+        unusable = logprobs.amax(dim=-1, keepdim=True).isnan()
         self.nonfinite |= unusable.any()
-        return logprobs.masked_fill(unusable, -math.inf)
+        return logprobs.masked_fill_(unusable, -math.inf)  # in place: logprobs is this call's own tensor
 
     def warn_nonfinite(self) -> None:
         """At the end of a call (one host read): say once that the drafter's logits were not finite."""
@@ -183,7 +193,8 @@ class TreeCandidateGenerator:
             features, positions = state.context, state.context_positions
             positions = torch.cat([positions, (root_positions[0] + self.block_offsets)[None]], dim=1)
             state.context = state.context_positions = None  # in the drafter's cache now
-            return features, positions, torch.zeros(1, width, dtype=torch.bool, device=device)
+            padding = torch.zeros(1, width, dtype=torch.bool, device=device) if self.batch else None
+            return features, positions, padding
         features = states[0].context.new_zeros(len(states), width, states[0].context.shape[2])
         positions = torch.zeros(len(states), width + self.block_size, dtype=torch.long, device=device)
         padding = torch.ones(len(states), width, dtype=torch.bool, device=device)
@@ -213,7 +224,7 @@ class TreeCandidateGenerator:
                 draft_logprobs, budget, root, continuations, lookup_stats, size_rule, device=root.device
             )
         if draft_logprobs is None:
-            return chain_tree(root.new_zeros((0, 1), dtype=torch.float32), 0, root)
+            return self.root_trees(root)
         return drafted_nodes(self.builder(draft_logprobs, budget, root, size_rule=size_rule))
 
     def select(self, keep: list[int]) -> None:

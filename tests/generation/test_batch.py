@@ -395,3 +395,28 @@ def test_the_batched_drafter_drafts_each_row_as_alone():
         single = greedy(target, torch.tensor([prompt]), **config).tev_stats
         assert (stats.tree_sizes, stats.accepted_lengths) == (single.tree_sizes, single.accepted_lengths)
     assert max(s.tau for s in out.tev_stats) > 2
+
+
+def test_a_batch_shrunk_to_one_row_still_hides_its_padding_from_the_drafter():
+    # the shorter row decodes on alone once the other stops; the drafter's cache still holds the column it did not
+    # fill in the first call (too few hidden columns to compact), so its drafter calls still get the mask hiding it
+    target = make_target("qwen3")
+    prompts = [PROMPTS[1], PROMPTS[1][:-2] + [61]]  # row 1: one token shorter
+    ids, mask = left_padded(prompts)
+    drafter, masks = make_drafter(target), []
+    real = drafter.draft_logits
+
+    def draft_logits(target, context, block_ids, position_ids, cache=None, num_depths=None, attention_mask=None):
+        masks.append((block_ids.shape[0], attention_mask))
+        return real(target, context, block_ids, position_ids, cache, num_depths, attention_mask)
+
+    drafter.draft_logits = draft_logits
+    criteria = StoppingCriteriaList([StopRowEndingIn(ids.shape[1], PROMPTS[1][-1], 3)])
+    settings = dict(attention_mask=mask, max_new_tokens=10, stopping_criteria=criteria, eos_token_id=None)
+    out = greedy(target, ids, pad_token_id=0, assistant_model=drafter, tev_config=TEVConfig(budget=4), **settings)
+    expected = greedy(target, ids[1:], attention_mask=mask[1:], max_new_tokens=10)
+    assert out[1].tolist() == expected[0].tolist()
+    alone_calls = [call_mask for rows, call_mask in masks if rows == 1]
+    assert alone_calls, "the batch never shrank to one row"
+    for call_mask in alone_calls:
+        assert call_mask is not None and not call_mask.all()
