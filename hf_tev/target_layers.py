@@ -18,16 +18,22 @@ transformers' own masks (prefill, plain steps) apply the window by position on a
 The price is memory: a sliding layer holds the whole context instead of the window (the measurement that chose
 this: docs/families.md#sliding-windows).
 
-Layers whose state is a running summary of the sequence (linear attention / recurrent / convolution layers:
-Qwen3.5, Qwen3-Next, Mamba hybrids) cannot branch: one pass over a tree would feed the nodes of all branches
-through one state in order. They are refused by name, as are layer types the tree mask does not model.
+Layers whose state is a running summary of the sequence cannot take a mask: one pass over a tree would feed the
+nodes of all branches through one state in order. The gated-DeltaNet linear-attention layers of Qwen3.5,
+Qwen3.5-MoE and Qwen3-Next (`LINEAR_ATTENTION_FAMILIES`) get a state per tree node instead
+(`hf_tev.generation.hybrid`, docs/design.md#hybrid-targets); their cache layers become `TreeStateLayer`s, which
+keep the states of the last tree pass's nodes until the accepted path is chosen. Other recurrent layers (Mamba,
+convolution and hybrid layer types, linear attention of other families) are refused by name, as are layer types
+the tree mask does not model.
 """
 
 import torch
-from transformers.cache_utils import DynamicCache, DynamicLayer, DynamicSlidingWindowLayer
+from transformers.cache_utils import DynamicCache, DynamicLayer, DynamicSlidingWindowLayer, LinearAttentionLayer
 
 TREE_LAYER_TYPES = ("full_attention", "sliding_attention")  # layer types the tree pass masks exactly
 RECURRENT_LAYER_TYPES = ("linear_attention", "conv", "hybrid", "hybrid_sliding", "mamba")  # one running state
+# text model types whose `linear_attention` layers (gated DeltaNet with its causal conv) get per-node states
+LINEAR_ATTENTION_FAMILIES = ("qwen3_5_text", "qwen3_5_moe_text", "qwen3_next")
 
 
 def layer_types(model) -> list[str]:
@@ -54,14 +60,15 @@ def check_tree_layers(model) -> None:
     name = getattr(text_config, "model_type", type(model).__name__)
     types = layer_types(model)
     recurrent = sorted({t for t in types if t in RECURRENT_LAYER_TYPES})
-    if recurrent:
+    if recurrent and (recurrent != ["linear_attention"] or name not in LINEAR_ATTENTION_FAMILIES):
         raise ValueError(
-            f"hf_tev's tree decoding cannot decode {name}: its {recurrent} layers (linear attention / recurrent "
-            "state, as in Qwen3.5 and Qwen3-Next) keep one running state that every token updates in order, so "
-            "the nodes of different tree branches cannot each see only their own ancestors in one target pass, "
-            "and a rejected branch cannot be taken back out of the state. Use plain generate for this target."
+            f"hf_tev's tree decoding cannot decode {name}: its {recurrent} layers keep one running state that "
+            "every token updates in order, so the nodes of different tree branches cannot each see only their own "
+            "ancestors in one target pass. hf_tev gives every tree node its own state only for the gated-DeltaNet "
+            f"linear attention of Qwen3.5 and Qwen3-Next ({', '.join(LINEAR_ATTENTION_FAMILIES)}). Use plain "
+            "generate for this target."
         )
-    other = sorted(set(types) - set(TREE_LAYER_TYPES))
+    other = sorted(set(types) - set(TREE_LAYER_TYPES) - set(recurrent))
     if other:
         raise ValueError(
             f"hf_tev's tree decoding supports targets whose layers are {list(TREE_LAYER_TYPES)}; {name} has "
@@ -100,11 +107,14 @@ def tree_attention_masks(model, depths: torch.Tensor, mask: torch.Tensor | None)
 
 def full_length_cache(model, cache: DynamicCache | None = None) -> DynamicCache:
     """The target cache of a tree-decoding call: `cache` (None: a new one) with a full-length `DynamicLayer` for
-    every sliding-window layer (holding the same tokens); refuses a sliding layer whose window already dropped
-    tokens (a plain `generate` cache of a context longer than the window)."""
+    every sliding-window layer (holding the same tokens) and a `TreeStateLayer` for every linear-attention layer
+    (holding the same states); refuses a sliding layer whose window already dropped tokens (a plain `generate`
+    cache of a context longer than the window)."""
     cache = DynamicCache(config=model.config) if cache is None else cache
     layers = []
     for index, layer in enumerate(cache.layers):
+        if type(layer) is LinearAttentionLayer:
+            layer = TreeStateLayer.of(layer)
         if isinstance(layer, DynamicSlidingWindowLayer):
             held = layer.keys.shape[-2] if layer.is_initialized else 0
             if held < layer.cumulative_length:
@@ -122,3 +132,148 @@ def full_length_cache(model, cache: DynamicCache | None = None) -> DynamicCache:
         layers.append(layer)
     cache.layers = layers
     return cache
+
+
+WINDOW_SLOT_DIMS = (1, 2, 2, 2, 1)  # the node dimension of each piece of a `TreeStateLayer` window
+
+
+class TreeStateLayer(LinearAttentionLayer):
+    """A linear-attention layer's cache (a conv window and a recurrent state per row) that also keeps what the
+    last tree pass computed per node, so that the pass is committed like the attention layers' keys.
+
+    The states themselves are not kept per node: `open_window` stores, per node, its conv input and the pieces of
+    the gated delta rule it added (`hf_tev.generation.hybrid.tree_gated_delta_rule`): its normalised key `[H, Dk]`,
+    its corrected value `[H, Dv]` and the decay summed along its path `[H]`, beside the committed states before the
+    pass. The recurrent state after a path is the committed state decayed along the path plus the path's decayed
+    key-value products, and its conv window the path's last inputs (after the committed ones). The commit does to
+    the window what it does to the attention layers' tree columns: each row's accepted path moves to the front
+    (`select_window`) and the rest is cropped (`crop`); a later crop goes back along the kept path (a stop inside
+    an accepted block). After each of these the layer's own states (`conv_states[0]`, `recurrent_states[0]`, what
+    the model's layers read) are those after the window's slots taken as a path: after the commit, the accepted
+    path's last node's. `settle` drops the window (any other update of the states does too).
+    """
+
+    def __init__(self, number_of_states: int = 1, **kwargs):
+        super().__init__(number_of_states, **kwargs)
+        self.window = None  # (inputs, keys, values, decays, weights): see `open_window`
+        self.committed = None  # (conv, recurrent) before the window
+
+    @classmethod
+    def of(cls, layer: LinearAttentionLayer) -> "TreeStateLayer":
+        """`layer`'s states (the same tensors) in a `TreeStateLayer`; a conv state recorded past the kernel size
+        (transformers' chain rollback) is cut back to it."""
+        if layer.number_of_states != 1:
+            raise ValueError(f"a linear-attention cache layer with {layer.number_of_states} states is not supported")
+        tree_layer = cls.__new__(cls)
+        tree_layer.__dict__.update({k: dict(v) if isinstance(v, dict) else v for k, v in layer.__dict__.items()})
+        tree_layer.window = tree_layer.committed = None
+        if tree_layer.record_past:
+            if tree_layer.is_conv_states_initialized[0]:
+                tree_layer.conv_states[0] = tree_layer.conv_states[0][..., -tree_layer.conv_kernel_size[0] :]
+            tree_layer.record_past = False
+        return tree_layer
+
+    def open_window(self, inputs, keys, values, decays) -> None:
+        """Keep a tree pass's per-node pieces (node i in slot i) after the current states: `inputs` `[R, N, C]`
+        (conv inputs), `keys` `[R, H, N, Dk]`, `values` `[R, H, N, Dv]` (corrected values) and `decays` `[R, H, N]`
+        (summed along each node's path). Weights `[R, N]` mark repeated path slots (0) once a path is selected."""
+        self.settle()
+        weights = torch.ones(inputs.shape[:2], dtype=decays.dtype, device=decays.device)
+        self.committed = (self.conv_states[0], self.recurrent_states[0])
+        self.window = (inputs, keys, values, decays, weights)
+        self.take_window()
+
+    def select_window(self, path: torch.Tensor) -> None:
+        """Move each row's accepted path to the front of the window: `path` `[R, K]` holds node indices, padded by
+        repeating a row's last node (a repeat counts once)."""
+        kept = path.shape[1]
+        pieces = []
+        for piece, dim in zip(self.window, WINDOW_SLOT_DIMS, strict=True):
+            shape = [path.shape[0]] + [1] * (piece.dim() - 1)
+            shape[dim] = kept
+            index = path.view(shape).expand(*piece.shape[:dim], kept, *piece.shape[dim + 1 :])
+            rest = piece.narrow(dim, kept, piece.shape[dim] - kept)  # cropped next, as the attention layers' rest
+            pieces.append(torch.cat([piece.gather(dim, index), rest], dim))
+        pieces[-1][:, 1:kept] *= (path[:, 1:] != path[:, :-1]).to(pieces[-1].dtype)  # the weights: repeats count 0
+        self.window = tuple(pieces)
+        self.take_window()
+
+    def crop(self, tokens_to_remove: int) -> None:
+        """Drop the window's last `-tokens_to_remove` slots, as an attention layer drops its last tokens."""
+        remove = -tokens_to_remove
+        if remove < 0:
+            raise ValueError(f"crop takes a negative number of tokens to remove, got {tokens_to_remove}")
+        if remove == 0:
+            return
+        kept = 0 if self.window is None else self.window[0].shape[1]
+        if remove > kept:
+            raise RuntimeError(
+                f"A linear-attention layer cannot remove {remove} tokens: it keeps the per-token states of the "
+                f"last {kept} tokens only (the last tree pass's window)."
+            )
+        self.window = tuple(
+            piece.narrow(dim, 0, kept - remove) for piece, dim in zip(self.window, WINDOW_SLOT_DIMS, strict=True)
+        )
+        self.take_window()
+
+    def take_window(self) -> None:
+        """The layer's states after the committed ones and the window's slots, taken as one path."""
+        (conv, recurrent), (inputs, keys, values, decays, weights) = self.committed, self.window
+        if inputs.shape[1] == 0:
+            self.conv_states[0], self.recurrent_states[0] = conv, recurrent
+            return
+        # the conv window: the last `kernel` inputs of the committed ones and the path (repeats excluded)
+        kernel = conv.shape[-1]
+        lengths = weights.sum(dim=1).long()  # [R]
+        sequence = torch.cat([conv.transpose(1, 2), inputs.to(conv.dtype)], dim=1)  # [R, kernel + W, C]
+        index = (lengths[:, None] + torch.arange(kernel, device=lengths.device))[..., None]
+        self.conv_states[0] = sequence.gather(1, index.expand(-1, -1, sequence.shape[-1])).transpose(1, 2).contiguous()
+        # the recurrent state: the committed one decayed along the path, plus the path's decayed key-value products
+        last = decays[:, :, -1:]  # [R, H, 1]: repeats share the last node's; before a path is chosen, any slots
+        scale = (last - decays).clamp(max=0.0).exp() * weights[:, None, :]  # [R, H, W]
+        state = recurrent.to(keys.dtype) * last.exp()[..., None] + (keys * scale[..., None]).transpose(-1, -2) @ values
+        self.recurrent_states[0] = state.to(recurrent.dtype)
+
+    def settle(self) -> None:
+        """Keep the states alone, dropping the window (a returned cache; before another update of the states)."""
+        self.window = self.committed = None
+
+    def update_conv_state(self, *args, **kwargs) -> torch.Tensor:
+        self.settle()
+        return super().update_conv_state(*args, **kwargs)
+
+    def update_recurrent_state(self, *args, **kwargs) -> torch.Tensor:
+        self.settle()
+        return super().update_recurrent_state(*args, **kwargs)
+
+    def reset(self) -> None:
+        self.settle()
+        super().reset()
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        """Keep only rows `indices` (a batch's rows that decode on)."""
+        self.settle()
+        for states in (self.conv_states, self.recurrent_states):
+            if states[0] is not None:
+                states[0] = states[0][indices]
+
+
+def tree_state_bytes(model) -> int:
+    """Bytes a tree node keeps in the linear-attention layers' windows until the commit, over all layers
+    (`TreeStateLayer.open_window`): its conv input (`conv_dim` in the model's dtype), its key and corrected value
+    (`linear_num_value_heads x (linear_key_head_dim + linear_value_head_dim)`, float32), its path decay and weight;
+    0 for a target without linear-attention layers."""
+    config = model.config.get_text_config()
+    layers = layer_types(model).count("linear_attention")
+    if not layers:
+        return 0
+    heads, key_dim, value_dim = config.linear_num_value_heads, config.linear_key_head_dim, config.linear_value_head_dim
+    conv_dim = 2 * config.linear_num_key_heads * key_dim + heads * value_dim
+    return layers * (conv_dim * model.dtype.itemsize + 4 * (heads * (key_dim + value_dim + 1) + 1))
+
+
+def settle_tree_states(cache: DynamicCache) -> None:
+    """Every `TreeStateLayer` of `cache` keeps its state alone (the cache a call returns: no tree-pass window)."""
+    for layer in cache.layers:
+        if isinstance(layer, TreeStateLayer):
+            layer.settle()

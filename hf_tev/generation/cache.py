@@ -12,8 +12,9 @@ from __future__ import annotations
 import torch
 from transformers.cache_utils import DynamicCache
 
-from ..target_layers import tree_attention_masks
+from ..target_layers import TreeStateLayer, tree_attention_masks
 from ..tree import DraftTree, TreeInputs
+from .hybrid import tree_pass_masks
 
 
 class PromptTreeInputs:
@@ -34,7 +35,8 @@ class PromptTreeInputs:
         """`(tokens [1, N], mask, position_ids [1, N])` of the one tree."""
         (tree,) = trees
         mask, positions = self.buffers(tree, past, first_positions[0])
-        return tree.tokens[None], tree_attention_masks(self.model, tree.depths, mask), positions
+        masks = tree_attention_masks(self.model, tree.depths, mask)
+        return tree.tokens[None], tree_pass_masks(self.model, trees, masks, tree.num_nodes), positions
 
     def commit(self, lengths: list[int]) -> None:
         """Nothing to track: the cache keeps exactly the accepted path."""
@@ -58,10 +60,13 @@ class BatchTreeInputs:
     Args:
         hidden (`torch.BoolTensor` of shape `(R, C)`): committed columns each row must not see.
         dtype (`torch.dtype`): the target's floating dtype (the additive mask's).
+        model (*optional*): the target, whose linear-attention layers read the trees' structure
+            (`hybrid.tree_pass_masks`).
     """
 
-    def __init__(self, hidden: torch.Tensor, dtype: torch.dtype):
+    def __init__(self, hidden: torch.Tensor, dtype: torch.dtype, model=None):
         self.hidden, self.dtype, self.min = hidden, dtype, torch.finfo(dtype).min
+        self.model = model
 
     def __call__(self, trees: list[DraftTree], past: int, first_positions: list[int]):
         """`(tokens [R, N], mask [R, 1, N, past + N], position_ids [R, N])` for the rows' trees padded to the
@@ -78,6 +83,8 @@ class BatchTreeInputs:
         mask[..., :past].masked_fill_(self.hidden[:, None, None, :past], self.min)
         mask[:, 0, :, past:].masked_fill_(~visible, self.min)
         positions = depths + torch.tensor(first_positions, device=device)[:, None]
+        if self.model is not None:
+            mask = tree_pass_masks(self.model, trees, mask, nodes)
         return tokens, mask, positions
 
     def commit(self, lengths: list[int]) -> None:
@@ -118,6 +125,8 @@ def compact_columns(cache: DynamicCache, hidden: torch.Tensor, min_share: float 
     # a stable sort puts each row's hidden columns first and its visible ones after, each in order
     index = torch.argsort((~hidden).to(torch.int8), dim=1, stable=True)[:, columns - kept :]  # [R, kept]
     for layer in cache.layers:
+        if isinstance(layer, TreeStateLayer):  # a state per row, no columns
+            continue
         for name in ("keys", "values"):
             states = getattr(layer, name)
             rows = index[:, None, :, None].expand(-1, states.shape[1], -1, states.shape[3])
@@ -138,6 +147,9 @@ def commit_accepted_path(cache: DynamicCache, past: int, path: torch.Tensor, pat
     kept = index.shape[1]
     if not path_is_prefix:
         for layer in cache.layers:
+            if isinstance(layer, TreeStateLayer):  # linear attention: the path's node states (generation/hybrid.py)
+                layer.select_window(index - past)
+                continue
             if layer.keys is None:  # a KV-sharing layer (Gemma 4) that stores nothing of its own
                 continue
             for states in (layer.keys, layer.values):  # [R, heads, past + N, head_dim]

@@ -7,12 +7,18 @@ settings only.
 from __future__ import annotations
 
 import torch
-from transformers.cache_utils import DummyLayer, DynamicCache, DynamicLayer, DynamicSlidingWindowLayer
+from transformers.cache_utils import (
+    DummyLayer,
+    DynamicCache,
+    DynamicLayer,
+    DynamicSlidingWindowLayer,
+    LinearAttentionLayer,
+)
 from transformers.utils import logging
 
 from ..config import TEVConfig, tree_memory_bytes
 from ..native_drafters import drafter_sliding_window, native_drafter_problems
-from ..target_layers import check_tree_layers, sliding_window
+from ..target_layers import TreeStateLayer, check_tree_layers, sliding_window, tree_state_bytes
 
 logger = logging.get_logger(__name__)
 
@@ -153,13 +159,14 @@ def check_cache(cache, input_ids) -> None:
     """A pre-filled cache to continue from: a full-attention DynamicCache that holds less than the sequence."""
     if cache is None:
         return
-    # an empty sliding layer is made full-length; a dummy layer is one that reuses another's K/V (Gemma 4)
-    layer_classes = (DynamicLayer, DynamicSlidingWindowLayer, DummyLayer)
+    # an empty sliding layer is made full-length; a dummy layer is one that reuses another's K/V (Gemma 4); the
+    # linear-attention layers of a target check_tree_layers let through keep per-node states (TreeStateLayer)
+    layer_classes = (DynamicLayer, DynamicSlidingWindowLayer, DummyLayer, LinearAttentionLayer, TreeStateLayer)
     if type(cache) is not DynamicCache or any(type(layer) not in layer_classes for layer in cache.layers):
         raise ValueError(
-            f"hf_tev tree decoding supports a full-attention DynamicCache only, got {type(cache).__name__} "
+            f"hf_tev tree decoding supports a DynamicCache only, got {type(cache).__name__} "
             f"with layers {sorted({type(layer).__name__ for layer in cache.layers})} "
-            "(static, quantized and linear-attention caches are not supported; sliding-window layers are kept "
+            "(static, quantized and hybrid-layer caches are not supported; sliding-window layers are kept "
             "at full length)."
         )
     if getattr(cache, "offloading", False):
@@ -198,12 +205,16 @@ def warn_tree_memory(model, drafter, generation_config, tev_config: TEVConfig, r
         nodes = min(nodes, (tev_config.block_size or drafter.config.block_size))
     vocab = model.get_output_embeddings().weight.shape[0]
     estimate = rows * tree_memory_bytes(nodes, vocab, generation_config.max_length, model.dtype.itemsize)
+    states = tree_state_bytes(model)  # a hybrid target's per-node linear-attention states (generation/hybrid.py)
+    estimate += rows * nodes * states
     if estimate > TREE_MEMORY_WARNING_BYTES:
         trees = f"a tree of {nodes} nodes" if rows == 1 else f"a batch of {rows} trees of {nodes} nodes"
+        per_node = f", and {states / 2**20:.1f} MiB of linear-attention states per node" if states else ""
         logger.warning_once(
             f"TEVConfig: {trees} takes about {estimate / 2**30:.1f} GiB per cycle ({rows} x {nodes} x {vocab} "
             f"logits in several copies, and {rows} x {nodes} x {generation_config.max_length + nodes} mask "
-            "entries); lower `budget` (or `max_budget` for budget='auto'), or the batch, if that is too much."
+            f"entries{per_node}); lower `budget` (or `max_budget` for budget='auto'), or the batch, if that is too "
+            "much."
         )
 
 
@@ -248,7 +259,8 @@ def check_batch_drafter(drafter) -> None:
 def check_batch_target(model) -> None:
     """A batch's holed cache columns would shift each row's window: the windowed tree mask is one-prompt only."""
     layers = DynamicCache(config=model.config).layers
-    if sliding_window(model) is not None or any(type(layer) is not DynamicLayer for layer in layers):
+    kept_per_row = (DynamicLayer, LinearAttentionLayer)  # linear attention: a state per row (check_tree_layers)
+    if sliding_window(model) is not None or any(type(layer) not in kept_per_row for layer in layers):
         raise ValueError(
             "hf_tev tree decoding of a batch supports full-attention models only; this model has sliding-window "
             f"attention (window {sliding_window(model)}; cache layers "

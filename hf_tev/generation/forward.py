@@ -11,6 +11,7 @@ import math
 import torch
 
 from ..tree import chain_tree
+from .hybrid import linear_attention_trees
 from .outputs import StageClock
 
 
@@ -65,15 +66,16 @@ def tree_forward(model, tokens, cache, mask, position_ids: torch.LongTensor, hid
     Returns:
         The model output: `logits` `[R, N, V]` of every node and the `hidden_states` the drafter reads.
     """
-    return model(
-        input_ids=tokens,
-        position_ids=position_ids,
-        attention_mask=mask,
-        cache=cache,
-        output_hidden_states=hidden_indices,
-        logits_to_keep=0,
-        use_cache=True,
-    )
+    with linear_attention_trees(model, mask):  # a linear-attention target's layers advance a state per node
+        return model(
+            input_ids=tokens,
+            position_ids=position_ids,
+            attention_mask=mask,
+            cache=cache,
+            output_hidden_states=hidden_indices,
+            logits_to_keep=0,
+            use_cache=True,
+        )
 
 
 def probe_tree_costs(

@@ -22,13 +22,14 @@ import torch
 
 from ..config import TEVConfig, TEVStats
 from ..native_drafters import tree_drafter
-from ..target_layers import full_length_cache
+from ..target_layers import full_length_cache, settle_tree_states
 from ..verify import VERIFIERS, target_flow
 from .auto import TreeSizes, automatic_budget, probe_ratio
 from .cache import BatchTreeInputs, PromptTreeInputs
 from .candidates import TreeCandidateGenerator
 from .checks import check_batch, check_batch_target, check_supported
 from .forward import prefill, probe_tree_costs, prompt_positions, tree_forward
+from .hybrid import text_position_ids
 from .outputs import Outputs, StageClock, first_stop
 from .processors import processors_for_row, processors_for_tree
 from .verifier import next_token, verifier_stage
@@ -107,6 +108,7 @@ def tree_speculative_decode(
     tev_config = TEVConfig() if tev_config is None else TEVConfig.coerce(tev_config)
     tev_config = tev_config.for_call(generation_config, drafter is not None)  # lookup="auto" decided
     drafter = tree_drafter(drafter)  # a drafter transformers' DFlash chain drives: fed as that chain feeds it
+    model_kwargs = text_position_ids(model_kwargs)  # a multimodal wrapper's rope axes of a text prompt: its text ids
     check_supported(model, drafter, input_ids, generation_config, tev_config, model_kwargs)
     if input_ids.shape[0] > 1:
         check_batch(input_ids, generation_config, model_kwargs, streamer)
@@ -205,7 +207,7 @@ def tree_pass_inputs(model, real: torch.Tensor, rows: list[Row], cache, max_leng
     if real.shape[0] == 1:
         pad_columns = None if bool(real.all()) else (~real[0]).nonzero(as_tuple=True)[0]
         return PromptTreeInputs(model, max_length, real.device, pad_columns)
-    inputs = BatchTreeInputs(~real, model.dtype)
+    inputs = BatchTreeInputs(~real, model.dtype, model)
     if len(rows) < real.shape[0]:
         inputs.select(cache, [row.index for row in rows])
     return inputs
@@ -345,4 +347,5 @@ def finish(state: Decoding, prompt_length: int):
     excess = state.cache.get_seq_length() - (row.sequence.shape[1] - 1)
     if excess > 0:
         state.cache.crop(-excess)
+    settle_tree_states(state.cache)  # linear-attention layers: the state alone, not the last tree pass's
     return state.outputs.result(row.sequence, prompt_length, state.cache, row.stats)

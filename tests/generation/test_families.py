@@ -354,25 +354,8 @@ def test_gemma_softcapping_is_applied_to_draft_marginals_and_checked():
 
 
 # ---------------------------------------------------------------------------------------------------------
-# What cannot branch, and caches that lost tokens
+# Caches that lost tokens (hybrid targets, and what stays refused: tests/generation/test_hybrid.py)
 # ---------------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("family", ["qwen3_next", "qwen3_5"])
-def test_linear_attention_hybrids_are_refused_naming_why(family):
-    from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig, Qwen3NextConfig, Qwen3NextForCausalLM
-
-    config_class, model_class = {
-        "qwen3_next": (Qwen3NextConfig, Qwen3NextForCausalLM),
-        "qwen3_5": (Qwen3_5TextConfig, Qwen3_5ForCausalLM),
-    }[family]
-    config = config_class(
-        vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=8,
-    )  # fmt: skip
-    target = model_class(config).eval()
-    with pytest.raises(ValueError, match=r"linear_attention.*(Qwen3.5|Qwen3-Next).*running state"):
-        target.generate(long_prompt(96, length=10), max_new_tokens=4, tev_config=TEVConfig(lookup=True))
-
-
 def test_a_plain_cache_with_filled_sliding_layers_is_refused():
     target = make_family_target("gemma3")
     prompt = long_prompt(96)
