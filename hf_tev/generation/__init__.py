@@ -12,6 +12,7 @@ Modules, one concern each, in the order of a cycle (docs/design.md#the-decoding-
   `processors`  logits processors on a tree (the processor contract)
   `verifier`    stage 4: processing, the exact decision, the cache commit
   `cache`       cache surgery and the tree pass's masks (one prompt, batches)
+  `hybrid`      the tree pass of linear-attention layers (Qwen3.5, Qwen3-Next): each node on its own path
   `auto`        the automatic budget's kept state and the size stage
   `checks`      refusals and checks, before any model call
   `outputs`     stops, the stage clock, what generate returns
