@@ -27,6 +27,7 @@ budget, hence one top-k per depth suffices.
 import array
 import dataclasses
 import heapq
+import weakref
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -68,6 +69,7 @@ class DraftTree:
     _parent_rows: torch.LongTensor | None = field(default=None, repr=False, compare=False)
     _path_logprobs: list | None = field(default=None, repr=False, compare=False)
     _node_info: object | None = field(default=None, repr=False, compare=False)
+    _scores_memo: tuple | None = field(default=None, init=False, repr=False, compare=False)  # `memo_for`
 
     def __post_init__(self):
         # Shapes and dtypes only: checking the values would cost host syncs on accelerators.
@@ -128,6 +130,16 @@ class DraftTree:
             parents, tokens = torch.stack([self.parents, self.tokens]).tolist()
             object.__setattr__(self, "_lists", _tree_lists(parents, tokens))  # frozen: cache by hand
         return self._lists
+
+    def memo_for(self, scores: torch.Tensor) -> dict:
+        """A dict for values that this tree and `scores` determine, so that they are computed once: a verifier's
+        normalised rows and host edge probabilities, read again by the call's statistics (`hf_tev.verify`). It
+        lives as long as the tree and starts empty for other scores, or for the same scores changed in place."""
+        memo = self._scores_memo
+        if memo is None or memo[0]() is not scores or memo[1] != scores._version:
+            memo = (weakref.ref(scores), scores._version, {})
+            object.__setattr__(self, "_scores_memo", memo)  # frozen: cache by hand
+        return memo[2]
 
     def truncated(self, num_nodes: int) -> "DraftTree":
         """The tree of its first `num_nodes` nodes (root included; all of it when it has no more). Every tree source

@@ -90,15 +90,19 @@ def _flow_dtype(scores: torch.Tensor) -> torch.dtype:
 
 
 def _internal_probs(tree: DraftTree, scores: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """p_u for the nodes with children, and the edge probabilities read from them.
+    """p_u for the nodes with children, and the edge probabilities read from them; computed once per tree and
+    scores (`DraftTree.memo_for`: the decode loop's coverage after a verifier reads the same rows).
 
     Returns:
         `(probs, edge)`: `[I, V]` softmax of the rows of `tree.internal_nodes` (in the flow dtype), and
         `[N-1]` p_{parent(c)}(token of c) for every non-root node c.
     """
-    internal = tree.internal_nodes  # [I], ascending
-    probs = torch.softmax(scores.index_select(0, internal).to(_flow_dtype(scores)), dim=-1)  # [I, V]
-    return probs, probs[tree.parent_rows, tree.tokens[1:]]
+    memo = tree.memo_for(scores)
+    if "internal" not in memo:
+        internal = tree.internal_nodes  # [I], ascending
+        probs = torch.softmax(scores.index_select(0, internal).to(_flow_dtype(scores)), dim=-1)  # [I, V]
+        memo["internal"] = probs, probs[tree.parent_rows, tree.tokens[1:]]
+    return memo["internal"]
 
 
 def _exit_row(tree: DraftTree, scores: torch.Tensor, probs: torch.Tensor, node: int) -> torch.Tensor:
@@ -208,6 +212,20 @@ def target_flow(tree: DraftTree, scores: torch.Tensor) -> tuple[torch.Tensor, to
     return edge_flow(tree, _internal_probs(tree, scores)[1])
 
 
+def coverage(tree: DraftTree, scores: torch.Tensor) -> float | torch.Tensor:
+    """1 + C, the tree's expected block length under the processed target scores: `target_flow`'s P summed over
+    every node. On the host (a Python float, from float64 products) when a verifier already brought this tree's
+    edge probabilities there (TEV); otherwise a 0-dim tensor on the scores' device, read by the caller when it
+    needs the number (no host sync per cycle)."""
+    edge = tree.memo_for(scores).get("host_edge")
+    if edge is None:
+        return target_flow(tree, scores)[0].sum()
+    flow, parents = [1.0] * tree.num_nodes, tree.lists.parents
+    for node in range(1, tree.num_nodes):
+        flow[node] = flow[parents[node]] * edge[node - 1]
+    return sum(flow)
+
+
 def verify_tev(tree: DraftTree, scores: torch.Tensor, generator: torch.Generator | None = None):
     """Tree Exit Verification: draw the exit node v ~ E, accept root..v, bonus ~ res_v.
 
@@ -222,6 +240,7 @@ def verify_tev(tree: DraftTree, scores: torch.Tensor, generator: torch.Generator
     lists = tree.lists
     probs, edge = _internal_probs(tree, scores)
     edge, (exit_uniform, bonus_uniform) = _to_host(edge, generator, draws=2)  # the one host copy
+    tree.memo_for(scores)["host_edge"] = edge  # for `coverage`
     exit_mass, residual_mass = _exit_masses_host(lists, edge)
     exit_node = _sample_host(exit_mass, exit_uniform)
     residual = _residual(tree, _exit_row(tree, scores, probs, exit_node), exit_node, residual_mass[exit_node])

@@ -35,7 +35,7 @@ class PromptTreeInputs:
         """`(tokens [1, N], mask, position_ids [1, N])` of the one tree."""
         (tree,) = trees
         mask, positions = self.buffers(tree, past, first_positions[0])
-        masks = tree_attention_masks(self.model, tree.depths, mask)
+        masks = None if mask is None else tree_attention_masks(self.model, tree.depths, mask)  # None: plain step
         return tree.tokens[None], tree_pass_masks(self.model, trees, masks, tree.num_nodes), positions
 
     def commit(self, lengths: list[int]) -> None:
@@ -143,9 +143,9 @@ def commit_accepted_path(cache: DynamicCache, past: int, path: torch.Tensor, pat
     hides (`BatchTreeInputs`). When every path is the first nodes of its tree (often: node order is best-first),
     nothing moves.
     """
-    index = past + (path if path.dim() == 2 else path[None])  # [R, K]
-    kept = index.shape[1]
+    kept = path.shape[-1]
     if not path_is_prefix:
+        index = past + (path if path.dim() == 2 else path[None])  # [R, K]
         for layer in cache.layers:
             if isinstance(layer, TreeStateLayer):  # linear attention: the path's node states (generation/hybrid.py)
                 layer.select_window(index - past)

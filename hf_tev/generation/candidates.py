@@ -31,10 +31,14 @@ logger = logging.get_logger(__name__)
 
 @dataclass
 class RowDrafts:
-    """One row's draft state: committed features not yet in the drafter's cache, its context index."""
+    """One row's draft state: committed features not yet in the drafter's cache, its context index.
 
-    context: torch.Tensor | None = None  # [1, c, k * hidden]
-    context_positions: torch.Tensor | None = None  # [1, c]
+    The waiting features are kept as the list of what each cycle committed and joined once, when the drafter
+    reads them (a cycle that does not draft adds no copy); their positions are a `range` per cycle (committed
+    tokens sit at consecutive positions), or the prompt's position ids."""
+
+    context: list = field(default_factory=list)  # [1, c_i, k * hidden] each
+    context_positions: list = field(default_factory=list)  # a `range`, or a LongTensor [1, c_i], each
     index: ContextIndex | None = None
     lookup_stats: LookupStats | None = None
 
@@ -87,7 +91,7 @@ class TreeCandidateGenerator:
             (rows, self.block_size), drafter.config.mask_token_id, dtype=torch.long, device=device
         )
         self.block_offsets = torch.arange(self.block_size, device=device)  # [L]
-        self.nonfinite = torch.zeros((), dtype=torch.bool, device=device)  # the drafter gave inf / NaN logits
+        self.row_maxima = []  # each draft's largest log-probability per depth: -inf where its logits were not finite
 
     def features(self, hidden_states) -> torch.Tensor | None:
         """The drafter's context features `[R, N, k * hidden]` from a target output's hidden states; None
@@ -96,8 +100,9 @@ class TreeCandidateGenerator:
 
     def update_candidate_strategy(self, row: int, features, positions, tokens: list[int], tree=None, path=None):
         """A row's outcome: its newly committed tokens (host ids, for the context index), their target features
-        `[1, c, k * hidden]` and positions `[1, c]`, and the verified tree with its accepted path (host node
-        indices, for the lookup statistics; None after the prefill)."""
+        `[1, c, k * hidden]` and positions (a `range` of c consecutive positions, or a LongTensor `[1, c]`), and
+        the verified tree with its accepted path (host node indices, for the lookup statistics; None after the
+        prefill)."""
         state = self.rows[row]
         if state.index is not None:
             state.index.extend(tokens)
@@ -105,11 +110,8 @@ class TreeCandidateGenerator:
                 state.lookup_stats.update(tree, path)
         if features is None:
             return
-        if state.context is None:
-            state.context, state.context_positions = features, positions
-        else:
-            state.context = torch.cat([state.context, features], dim=1)
-            state.context_positions = torch.cat([state.context_positions, positions], dim=1)
+        state.context.append(features)
+        state.context_positions.append(positions)
 
     def get_candidates(self, roots, root_positions, max_depths, sizes, clock) -> Candidates:
         """Stages 1-2: each row's tree.
@@ -166,15 +168,18 @@ class TreeCandidateGenerator:
         overflow, broken weights) set to -inf, so that no node is drafted there (`drafted_nodes`): decoding stays
         exact whatever the drafter says. Device ops only; the call's flag says so at its end (`warn_nonfinite`)."""
         logprobs = torch.log_softmax(logits.float(), dim=-1)
-        # [d, 1]: log_softmax of a row with an inf or NaN logit has a NaN, and a row's maximum is NaN if any entry
-        # is (one reduction; `isnan().any()` makes a [d, V] mask first)
-        unusable = logprobs.amax(dim=-1, keepdim=True).isnan()
-        self.nonfinite |= unusable.any()
-        return logprobs.masked_fill_(unusable, -math.inf)  # in place: logprobs is this call's own tensor
+        # A row with an inf or NaN logit has a normaliser that is not finite, so each of its log-probabilities is
+        # NaN or -inf, and any other row has none that is NaN: NaN -> -inf makes exactly those rows -inf, in one
+        # in-place pass. Their maximum is then -inf, and only theirs; the flag is read at the call's end.
+        logprobs.nan_to_num_(nan=-math.inf, neginf=-math.inf)
+        self.row_maxima.append(logprobs.amax(dim=-1))
+        if len(self.row_maxima) >= 256:  # a long call keeps one tensor for every 256 drafts
+            self.row_maxima = [torch.cat(self.row_maxima).amin(dim=0, keepdim=True)]
+        return logprobs
 
     def warn_nonfinite(self) -> None:
         """At the end of a call (one host read): say once that the drafter's logits were not finite."""
-        if self.drafter is not None and bool(self.nonfinite):
+        if self.drafter is not None and self.row_maxima and bool(torch.cat(self.row_maxima).eq(-math.inf).any()):
             name = getattr(self.drafter.config, "_name_or_path", "") or type(self.drafter).__name__
             logger.warning_once(
                 f"hf_tev: the drafter ({name}) gave logits that are not finite (inf or NaN) at some depths; its "
@@ -186,25 +191,41 @@ class TreeCandidateGenerator:
         """Every row's waiting context rows, padded to the longest: features `[R, c, k * H]`, position ids
         `[R, c + L]` (the block's after them) and the padding `[R, c]` (True: hidden from the row)."""
         states, device = self.rows, self.hidden.device
-        counts = [state.context.shape[1] for state in states]
+        counts = [sum(part.shape[1] for part in state.context) for state in states]
         width = max(counts)
-        if len(states) == 1:  # one row: its own tensors, no copy
+        if len(states) == 1:  # one row: its own tensors (one cycle's features are used as they are)
             (state,) = states
-            features, positions = state.context, state.context_positions
-            positions = torch.cat([positions, (root_positions[0] + self.block_offsets)[None]], dim=1)
-            state.context = state.context_positions = None  # in the drafter's cache now
+            features = state.context[0] if len(state.context) == 1 else torch.cat(state.context, dim=1)
+            positions = self._position_ids(state.context_positions, root_positions[0], self.block_size)
+            state.context, state.context_positions = [], []  # in the drafter's cache now
             padding = torch.zeros(1, width, dtype=torch.bool, device=device) if self.batch else None
             return features, positions, padding
-        features = states[0].context.new_zeros(len(states), width, states[0].context.shape[2])
+        features = states[0].context[0].new_zeros(len(states), width, states[0].context[0].shape[2])
         positions = torch.zeros(len(states), width + self.block_size, dtype=torch.long, device=device)
         padding = torch.ones(len(states), width, dtype=torch.bool, device=device)
         for i, (state, count) in enumerate(zip(states, counts, strict=True)):
-            features[i, :count], positions[i, :count] = state.context[0], state.context_positions[0]
+            features[i, :count] = torch.cat(state.context, dim=1)[0]
+            positions[i, :count] = self._position_ids(state.context_positions, root_positions[i], 0)[0]
             positions[i, width:] = root_positions[i] + self.block_offsets
             padding[i, :count] = False
         for state in states:
-            state.context = state.context_positions = None  # in the drafter's cache now
+            state.context, state.context_positions = [], []  # in the drafter's cache now
         return features, positions, padding
+
+    def _position_ids(self, parts: list, root_position: int, after: int) -> torch.LongTensor:
+        """`[1, c + after]`: the waiting rows' position ids (`parts`), then `after` more from the root's position
+        on (the block's). One `arange` when the waiting rows are consecutive positions up to the root (every cycle
+        after the first), instead of one per cycle and a join."""
+        device = self.hidden.device
+        if all(isinstance(part, range) for part in parts) and all(
+            a.stop == b.start for a, b in zip(parts, [*parts[1:], range(root_position, root_position)], strict=True)
+        ):
+            return torch.arange(parts[0].start, root_position + after, device=device)[None]
+        pieces = [
+            part if isinstance(part, torch.Tensor) else torch.arange(part.start, part.stop)[None] for part in parts
+        ]
+        pieces.append(torch.arange(root_position, root_position + after)[None])
+        return torch.cat([piece.to(device) for piece in pieces], dim=1)
 
     def continuations(self, row: int, root, max_depth: int) -> list:
         """A row's context drafts after `root`, at most `max_depth` deep (empty without lookup)."""

@@ -23,7 +23,7 @@ import torch
 from ..config import TEVConfig, TEVStats
 from ..native_drafters import tree_drafter
 from ..target_layers import full_length_cache, settle_tree_states
-from ..verify import VERIFIERS, target_flow
+from ..verify import VERIFIERS, coverage
 from .auto import TreeSizes, automatic_budget, probe_ratio
 from .cache import BatchTreeInputs, PromptTreeInputs
 from .candidates import TreeCandidateGenerator
@@ -44,7 +44,7 @@ class Row:
     next_position: int  # the root's position id
     processors: object  # its LogitsProcessorList (`processors_for_row`)
     stats: TEVStats = field(default_factory=TEVStats)
-    coverages: list = field(default_factory=list)  # 1 + C per cycle (tensors: read once at the end)
+    coverages: list = field(default_factory=list)  # 1 + C per cycle (floats, or tensors read once at the end)
 
     @property
     def root(self) -> torch.Tensor:
@@ -224,13 +224,12 @@ def decode_cycle(state: Decoding) -> None:
     trees = candidates.trees
     # 3.-4. Tree pass and verify.
     result = state.tree_pass(state, trees, past, first_positions)
-    paths, bonuses, processed = result.paths, result.bonuses, result.processed
+    paths, bonuses, processed, host_paths = result.paths, result.bonuses, result.processed, result.host_paths
     forward_s, verify_s = result.forward_s, result.verify_s
     # 5. Commit each row's tokens; its outcome goes back to the candidate generator.
     features = state.candidates.features(result.hidden_states)  # [R, N, k * H] or None
     result.hidden_states = None  # the pass's hidden states are not needed any more
     logits, nodes = result.logits, result.nodes
-    host_paths = [path.tolist() for path in paths]
     stopped = []
     for i, row in enumerate(rows):
         emitted = (processed[i], logits[i])
@@ -248,12 +247,13 @@ def decode_cycle(state: Decoding) -> None:
 
 @dataclass
 class Verified:
-    """What stages 3-4 give the loop: each row's accepted path (host), bonus and processed scores, the pass's
-    raw logits `[R, N, V]` and hidden states, its padded node count N, and the two stage times."""
+    """What stages 3-4 give the loop: each row's accepted path (host tensor and list), bonus and processed scores,
+    the pass's raw logits `[R, N, V]` and hidden states, its padded node count N, and the two stage times."""
 
     paths: list
     bonuses: list
     processed: list
+    host_paths: list
     logits: torch.Tensor
     hidden_states: tuple | None
     nodes: int
@@ -270,12 +270,14 @@ def tree_pass_and_verify(state: Decoding, trees, past: int, first_positions: lis
     forward_s = state.clock.lap()
     committed = [row.sequence[:, :-1] for row in state.rows]
     processors = [row.processors for row in state.rows]
-    paths, bonuses, processed = verifier_stage(
+    paths, bonuses, processed, host_paths = verifier_stage(
         trees, logits, committed, processors, state.verify, state.generator, state.cache, past
     )
-    state.inputs.commit([path.numel() for path in paths])
+    state.inputs.commit([len(path) for path in host_paths])
     verify_s = state.clock.lap()
-    return Verified(paths, bonuses, processed, logits, out.hidden_states, tokens.shape[1], forward_s, verify_s)
+    return Verified(
+        paths, bonuses, processed, host_paths, logits, out.hidden_states, tokens.shape[1], forward_s, verify_s
+    )
 
 
 def commit_row(state: Decoding, i: int, tree, path, host_path: list[int], bonus, emitted, features) -> bool:
@@ -284,11 +286,14 @@ def commit_row(state: Decoding, i: int, tree, path, host_path: list[int], bonus,
     scores / logits of the emitted tokens (`emitted`: the tree's processed and raw rows, when returned), stream,
     and whether it stopped (its sequence then cut at the stop)."""
     row = state.rows[i]
-    accepted, start = path.numel(), row.sequence.shape[1]
-    row.sequence = torch.cat([row.sequence, tree.tokens[path[1:]][None], bonus.view(1, 1)], dim=1)
-    positions = torch.arange(row.next_position, row.next_position + accepted, device=row.sequence.device)[None]
+    accepted, start = len(host_path), row.sequence.shape[1]
+    new = [bonus.view(1, 1)] if accepted == 1 else [tree.tokens[path[1:]][None], bonus.view(1, 1)]
+    row.sequence = torch.cat([row.sequence, *new], dim=1)
+    positions = range(row.next_position, row.next_position + accepted)  # consecutive: no tensor needed
     tokens = row.sequence[0, start - 1 : -1].tolist() if state.candidates.lookup else None  # old root + accepted
-    row_features = None if features is None else features[i : i + 1, path]
+    row_features = None
+    if features is not None:  # a path of the first nodes 0..k (it ends at k) is a view of them, not a copy
+        row_features = features[i : i + 1, :accepted] if host_path[-1] == accepted - 1 else features[i : i + 1, path]
     state.candidates.update_candidate_strategy(i, row_features, positions, tokens, tree, host_path)
     row.next_position += accepted
     if state.outputs.scores is not None or state.outputs.logits is not None:
@@ -310,7 +315,7 @@ def record_cycle(state: Decoding, row: Row, tree, path: list[int], processed, ti
         stats.pass_nodes.append(pass_nodes)
     if state.outputs.return_dict:  # coverage 1 + C, only for returned statistics
         plain = not state.generation_config.do_sample or tree.num_nodes == 1  # the coverage is the accepted length
-        row.coverages.append(float(accepted) if plain else target_flow(tree, processed)[0].sum())
+        row.coverages.append(float(accepted) if plain else coverage(tree, processed))
 
 
 def leave(state: Decoding, stopped: list[bool]) -> None:

@@ -49,7 +49,8 @@ def verifier_stage(trees, logits, committed_ids, logits_processors, verify, gene
         logits_processors (`list` of `LogitsProcessorList`): each row's processors (`processors_for_row`).
         cache: the target cache whose tree window after `past` keeps each row's accepted path.
     Returns:
-        `(paths, bonuses, processed)`, one entry per row, as `verify_tree` returns them.
+        `(paths, bonuses, processed, host_paths)`, one entry per row, as `verify_tree` returns them, and each path
+        as a host list.
     """
     paths, bonuses, processed = [], [], []
     for i, tree in enumerate(trees):
@@ -60,16 +61,17 @@ def verifier_stage(trees, logits, committed_ids, logits_processors, verify, gene
         bonuses.append(bonus)
         processed.append(scores)
     # Whether every row kept its tree's first nodes 0..k (often: nodes are stored best first), so that nothing
-    # moves in the cache. Read from the host paths without a tensor op: indices increase along a path from 0, so
-    # a path of k + 1 nodes is 0..k exactly when it ends at k.
-    longest = max(path.numel() for path in paths)
-    is_prefix = all(path.numel() == longest and int(path[-1]) == longest - 1 for path in paths)
+    # moves in the cache. Read from the host paths: indices increase along a path from 0, so a path of k + 1
+    # nodes is 0..k exactly when it ends at k.
+    host_paths = [path.tolist() for path in paths]
+    longest = max(len(path) for path in host_paths)
+    is_prefix = all(len(path) == longest and path[-1] == longest - 1 for path in host_paths)
     if is_prefix:  # only the path length is read
         commit_accepted_path(cache, past, paths[0], True)
     else:
         padded = paths[0] if len(paths) == 1 else torch.stack([_padded(path, longest) for path in paths])
         commit_accepted_path(cache, past, padded.to(logits.device, non_blocking=True), False)
-    return paths, bonuses, processed
+    return paths, bonuses, processed, host_paths
 
 
 def _padded(path: torch.Tensor, length: int) -> torch.Tensor:

@@ -444,3 +444,26 @@ def test_host_sampler_follows_the_inverse_cdf():
         counts[sample(weights, u)] += 1
     assert counts[0] == counts[2] == counts[5] == 0
     assert abs(counts[3] / 20000 - 0.5) < 0.015 and abs(counts[1] / 20000 - 0.25) < 0.015
+
+
+def test_coverage_after_a_verifier_equals_the_target_flow():
+    from hf_tev.verify import coverage
+
+    gen = torch.Generator().manual_seed(0)
+    tree = build_tree((2 * torch.randn(4, 30, generator=gen)).log_softmax(-1), 12, 3)
+    scores = 2 * torch.randn(tree.num_nodes, 30, generator=gen)
+    expected = float(target_flow(tree, scores)[0].sum())
+    assert float(coverage(tree, scores)) == expected  # no verifier ran: the device computation itself
+    for name, verifier in VERIFIERS.items():
+        fresh = build_tree((2 * torch.randn(4, 30, generator=gen)).log_softmax(-1), 12, 3)
+        fresh_scores = 2 * torch.randn(fresh.num_nodes, 30, generator=gen)
+        verifier(fresh, fresh_scores, generator=gen)
+        value = coverage(fresh, fresh_scores)  # TEV's host edges, else its normalised rows or a fresh flow
+        assert float(value) == pytest.approx(float(target_flow(fresh, fresh_scores)[0].sum()), rel=1e-6), name
+    # what a verifier remembers belongs to its scores: other scores, or the same changed in place, start afresh
+    verify_tev(tree, scores, generator=gen)
+    other = scores.clone()
+    other[0] += 5.0
+    assert float(coverage(tree, other)) == float(target_flow(tree, other.clone())[0].sum())
+    scores[0] += 5.0
+    assert float(coverage(tree, scores)) == float(target_flow(tree, scores.clone())[0].sum())

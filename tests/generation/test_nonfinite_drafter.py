@@ -85,3 +85,23 @@ def test_the_tree_stops_above_a_depth_the_drafter_could_not_score(settings):
     if settings["budget"] == 8:
         assert max(lengths) == 3  # the oracle's depths 1 and 2 are still drafted and accepted
     assert any("not finite" in m for m in messages)
+
+
+def test_finite_depths_sets_exactly_the_rows_without_finite_logits_to_minus_inf():
+    from hf_tev.generation.candidates import TreeCandidateGenerator
+
+    target = make_target("qwen3")
+    candidates = TreeCandidateGenerator(make_drafter(target), target, TEVConfig(budget=8), 1, torch.device("cpu"))
+    logits = torch.randn(6, 50, generator=torch.Generator().manual_seed(0)) * 3
+    logits[0, 7] = float("inf")  # a row with an inf logit
+    logits[1, 3] = float("nan")
+    logits[2] = -float("inf")  # no finite logit at all
+    logits[3, :40] = -float("inf")  # some tokens banned: a usable row
+    logits[4] *= 1e36  # huge but finite
+    logprobs = candidates.finite_depths(logits.clone())
+    expected = torch.log_softmax(logits, dim=-1)
+    unusable = torch.tensor([True, True, True, False, False, False])
+    assert torch.equal(logprobs[~unusable], expected[~unusable])
+    assert (logprobs[unusable] == -float("inf")).all()
+    # the call's flag (read by `warn_nonfinite` at its end) marks exactly those depths
+    assert torch.equal(torch.cat(candidates.row_maxima) == -float("inf"), unusable)
