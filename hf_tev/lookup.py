@@ -219,7 +219,7 @@ class _MergedNodes:
     def __init__(self, budget: int, size_rule):
         self.budget, self.size_rule = budget, size_rule
         self.tokens, self.depths, self.parents = [], [], []
-        self.scores, self.sources, self.matches, self.ancestors = [0.0], [BOTH], [0], [[0]]
+        self.scores, self.sources, self.matches = [0.0], [BOTH], [0]
         self.node_of: dict[tuple[int, int], int] = {}
 
     def add(self, parent: int, token: int, depth: int, score: float, source: str, match: int) -> int | None:
@@ -242,9 +242,8 @@ class _MergedNodes:
         self.scores.append(score)
         self.sources.append(source)
         self.matches.append(match)
-        self.ancestors.append(self.ancestors[parent] + [node])
         return node
 
     def tree(self, root: torch.LongTensor) -> DraftTree:
-        tree = tree_from_lists(root, self.tokens, self.depths, self.parents, self.ancestors, self.scores)
+        tree = tree_from_lists(root, self.tokens, self.depths, self.parents, self.scores)
         return dataclasses.replace(tree, _node_info=NodeInfo(self.sources, [0] + self.depths, self.matches))

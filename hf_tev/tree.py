@@ -237,13 +237,19 @@ def ranked_topk(logprobs: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Lon
 
 def host_topk(draft_logprobs: torch.Tensor, k: int) -> tuple[list[list[float]], list[list[int]]]:
     """`ranked_topk`'s values and token ids as host lists `[D][k]`, checked to be log-probabilities (every row's
-    maximum <= 0, so no NaN): one device-to-host transfer of all three. On CPU, where nothing is transferred, three
-    list conversions replace the packing into one float64 tensor (the same numbers: float32 and bfloat16 values
-    are exact in Python floats, token ids in float64)."""
-    values, ids, row_max = ranked_topk(draft_logprobs, k)
-    if draft_logprobs.device.type == "cpu":
+    maximum <= 0, so no NaN): one device-to-host transfer of all three. On CPU, where nothing is transferred, list
+    conversions replace the packing into one float64 tensor (the same numbers: float32 and bfloat16 values are
+    exact in Python floats, token ids in float64), and a top-k of the values replaces the key where it finds the
+    same entries (`_cpu_host_topk`; torch's CPU top-k selects more slowly once k exceeds V / 64, where the one
+    more entry it needs costs more than the key saves)."""
+    on_cpu = draft_logprobs.device.type == "cpu"
+    if on_cpu and draft_logprobs.dtype != torch.float64 and 64 * (k + 1) <= draft_logprobs.shape[1]:
+        maxima, values, ids = _cpu_host_topk(draft_logprobs, k)
+    elif on_cpu:
+        values, ids, row_max = ranked_topk(draft_logprobs, k)
         maxima, values, ids = row_max.tolist(), values.tolist(), ids.tolist()
     else:
+        values, ids, row_max = ranked_topk(draft_logprobs, k)
         host = torch.cat([values.double(), ids.double(), row_max.double()[:, None]], dim=1).cpu()  # [D, 2k + 1]
         maxima, values, ids = host[:, -1].tolist(), host[:, :k].tolist(), host[:, k : 2 * k].long().tolist()
     if not all(maximum <= 0 for maximum in maxima):  # a positive maximum or a NaN
@@ -252,6 +258,29 @@ def host_topk(draft_logprobs: torch.Tensor, k: int) -> tuple[list[list[float]], 
             "pass log_softmax of the drafter logits"
         )
     return values, ids
+
+
+def _cpu_host_topk(logprobs: torch.Tensor, k: int) -> tuple[list[float], list[list[float]], list[list[int]]]:
+    """`host_topk` on CPU: `(row maxima, values, ids)`, the same lists as `ranked_topk` gives.
+
+    There `ranked_topk`'s integer key (four passes over `[D, V]` and an int64 copy of it) costs more than the
+    top-k itself. A top-k of the values, one entry longer, finds the same entries whenever no value ties across
+    rank k (entry k - 1 larger than entry k: every entry at least that large is in it); then only equal values
+    inside it need their order, lower token id first, which the host puts right. A row with a tie across rank k
+    (rare for float32 log-probabilities; -inf tails) takes the key.
+    """
+    top_values, top_ids = logprobs.topk(k + 1, dim=-1)  # [D, k + 1], by value; ties in any order
+    maxima, values, ids = logprobs.amax(-1).tolist(), top_values.tolist(), top_ids.tolist()
+    for depth, (row_values, row_ids) in enumerate(zip(values, ids, strict=True)):
+        if row_values[k - 1] == row_values[k]:  # which of the tied entries come first: the key says
+            exact_values, exact_ids, _ = ranked_topk(logprobs[depth : depth + 1], k)
+            values[depth], ids[depth] = exact_values[0].tolist(), exact_ids[0].tolist()
+            continue
+        del row_values[k:], row_ids[k:]
+        if len(set(row_values)) < k:  # equal values (adjacent, as sorted): lower token id first
+            order = sorted(range(k), key=lambda j, v=row_values, i=row_ids: (-v[j], i[j]))
+            values[depth], ids[depth] = [row_values[j] for j in order], [row_ids[j] for j in order]
+    return maxima, values, ids
 
 
 def build_tree(draft_logprobs: torch.Tensor, budget: int, root_token, size_rule=None) -> DraftTree:
@@ -292,7 +321,6 @@ def build_tree(draft_logprobs: torch.Tensor, budget: int, root_token, size_rule=
     # Scores are always accumulated root-to-leaf as parent score + value, the same float operations
     # for every way of reaching a path, so equal sums stay exactly equal.
     tokens, depths, parents, scores = [], [], [], [0.0]
-    ancestors = [[0]]  # ancestors-or-self of every node, root first
     frontier = [(-values[0][0], 1, (0,), 0, 0.0)]
     while frontier and len(tokens) < budget:
         if size_rule is not None and not size_rule(len(tokens) + 1, -frontier[0][0]):
@@ -303,7 +331,6 @@ def build_tree(draft_logprobs: torch.Tensor, budget: int, root_token, size_rule=
         tokens.append(ids[depth - 1][rank])
         depths.append(depth)
         parents.append(parent)
-        ancestors.append(ancestors[parent] + [node])
         if rank + 1 < k:  # next sibling: same parent, next rank
             sibling_score = parent_score + row[rank + 1]
             heapq.heappush(frontier, (-sibling_score, depth, ranks[:-1] + (rank + 1,), parent, parent_score))
@@ -311,7 +338,7 @@ def build_tree(draft_logprobs: torch.Tensor, budget: int, root_token, size_rule=
             score = parent_score + row[rank]
             heapq.heappush(frontier, (-(score + values[depth][0]), depth + 1, ranks + (0,), node, score))
 
-    return tree_from_lists(root, tokens, depths, parents, ancestors, scores)
+    return tree_from_lists(root, tokens, depths, parents, scores)
 
 
 def _tree_lists(parents: list[int], tokens: list[int]) -> TreeLists:
@@ -321,32 +348,36 @@ def _tree_lists(parents: list[int], tokens: list[int]) -> TreeLists:
     return TreeLists(parents, children, tokens, [node for node, kids in enumerate(children) if kids])
 
 
-def tree_from_lists(
-    root: torch.LongTensor, tokens: list, depths: list, parents: list, ancestors: list, scores: list
-) -> DraftTree:
+def tree_from_lists(root: torch.LongTensor, tokens: list, depths: list, parents: list, scores: list) -> DraftTree:
     """Assemble a DraftTree from the builder's host lists (drafted nodes only; root prepended)."""
     device = root.device
     n = len(tokens) + 1
     lists = _tree_lists([-1] + parents, [-1] + tokens)
     row_of = {node: row for row, node in enumerate(lists.internal)}
     internal = len(lists.internal)
-    # Every integer of the tree's tensors in ONE host list, so one tensor and one copy to the device (each tensor
-    # made from a list costs more than the list): depths, parents, tokens, parent rows, internal nodes, and the
-    # flat indices node * n + ancestor of the visible pairs.
-    data = [0, *depths, -1, *parents, -1, *tokens, *(row_of[parent] for parent in parents), *lists.internal]
-    data += [node * n + ancestor for node, chain in enumerate(ancestors) for ancestor in chain]
-    data = host_long(data).to(device)
-    visible = data[4 * n - 1 + internal :]
-    visibility = torch.zeros(n * n, dtype=torch.bool, device=device).index_fill_(0, visible, True).view(n, n)
+    # Everything in ONE host buffer, so one tensor and one copy to the device (each tensor made from a list costs
+    # more than the list): the int64 depths, parents, tokens, parent rows and internal nodes, then the visibility
+    # as n * n bytes, each node's row its parent's row (a byte copy: parents come first) plus itself.
+    ints = array.array("q", [0, *depths, -1, *parents, -1, *tokens, *(row_of[p] for p in parents), *lists.internal])
+    width = ints.itemsize * len(ints)
+    buffer = bytearray(width + n * n)
+    buffer[:width] = ints.tobytes()
+    buffer[width] = 1  # the root sees itself
+    for node, parent in enumerate(parents, start=1):
+        row, parent_row = width + node * n, width + parent * n
+        buffer[row : row + node] = buffer[parent_row : parent_row + node]  # the parent's row holds 1s up to itself
+        buffer[row + node] = 1
+    data = torch.frombuffer(buffer, dtype=torch.uint8).to(device)
+    longs = data[:width].view(torch.long)
     return DraftTree(
-        tokens=torch.cat([root, data[2 * n + 1 : 3 * n]]),
-        depths=data[:n],
-        parents=data[n : 2 * n],
-        visibility=visibility,
+        tokens=torch.cat([root, longs[2 * n + 1 : 3 * n]]),
+        depths=longs[:n],
+        parents=longs[n : 2 * n],
+        visibility=data[width:].view(torch.bool).view(n, n),
         _max_depth=max(depths, default=0),
-        _internal_nodes=data[4 * n - 1 : 4 * n - 1 + internal],
+        _internal_nodes=longs[4 * n - 1 : 4 * n - 1 + internal],
         _lists=lists,
-        _parent_rows=data[3 * n : 4 * n - 1],
+        _parent_rows=longs[3 * n : 4 * n - 1],
         _path_logprobs=scores,
     )
 

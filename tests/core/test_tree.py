@@ -173,11 +173,15 @@ def test_host_long_and_host_topk_equal_their_slow_forms():
         assert torch.equal(host_long(values), torch.tensor(values, dtype=torch.long))
     gen = torch.Generator().manual_seed(1)
     for dtype in (torch.float32, torch.bfloat16):
-        logprobs = (2 * torch.randn(4, 300, generator=gen)).log_softmax(-1).to(dtype)
-        logprobs[1] = -math.inf
-        values, ids = host_topk(logprobs, 9)
-        expected_values, expected_ids, _ = ranked_topk(logprobs, 9)
-        assert values == expected_values.double().tolist() and ids == expected_ids.tolist()
+        logprobs = (2 * torch.randn(5, 300, generator=gen)).log_softmax(-1).to(dtype)
+        logprobs[1] = -math.inf  # a tie across every rank
+        logprobs[2] = -0.25 * torch.randint(0, 6, (300,), generator=gen)  # heavy ties inside and across rank k
+        logprobs[3, 150:] = -math.inf
+        logprobs[4, 10], logprobs[4, 20] = -0.0, 0.0  # equal values, the lower id first
+        for k in (1, 9, 160, 300):  # (on CPU, a top-k of the values with the ties put right: the same lists)
+            values, ids = host_topk(logprobs, k)
+            expected_values, expected_ids, _ = ranked_topk(logprobs, k)
+            assert values == expected_values.double().tolist() and ids == expected_ids.tolist()
     with pytest.raises(ValueError, match="log-probabilities"):
         host_topk(torch.full((2, 5), math.nan), 3)
 
