@@ -270,7 +270,8 @@ def _cpu_host_topk(logprobs: torch.Tensor, k: int) -> tuple[list[float], list[li
     (rare for float32 log-probabilities; -inf tails) takes the key.
     """
     top_values, top_ids = logprobs.topk(k + 1, dim=-1)  # [D, k + 1], by value; ties in any order
-    maxima, values, ids = logprobs.amax(-1).tolist(), top_values.tolist(), top_ids.tolist()
+    values, ids = top_values.tolist(), top_ids.tolist()
+    maxima = [row[0] for row in values]  # each row's maximum: torch's CPU top-k ranks NaN above every number
     for depth, (row_values, row_ids) in enumerate(zip(values, ids, strict=True)):
         if row_values[k - 1] == row_values[k]:  # which of the tied entries come first: the key says
             exact_values, exact_ids, _ = ranked_topk(logprobs[depth : depth + 1], k)
@@ -519,12 +520,13 @@ class TreeInputs:
         if num_nodes > rows or past_length + num_nodes > columns:
             rows = max(num_nodes, rows)
             self._allocate(rows, max(self.max_past, past_length) + rows)
+        # (views by `narrow`, cheaper than slicing by index, as this runs every cycle)
         if self._block is not None:
             start, size = self._block
-            self.mask[:size, start : start + size] = 0.0
-        block = self.mask[:num_nodes, past_length : past_length + num_nodes]  # [N, N]
+            self.mask.narrow(0, 0, size).narrow(1, start, size).zero_()
+        block = self.mask.narrow(0, 0, num_nodes).narrow(1, past_length, num_nodes)  # [N, N]
         block.fill_(self.hidden).masked_fill_(tree.visibility.to(self.device), 0.0)
         self._block = (past_length, num_nodes)
-        positions = self.positions[:, :num_nodes]
+        positions = self.positions.narrow(1, 0, num_nodes)
         torch.add(tree.depths.to(self.device), first_position, out=positions[0])
-        return self.mask[None, None, :num_nodes, : past_length + num_nodes], positions
+        return self.mask.narrow(0, 0, num_nodes).narrow(1, 0, past_length + num_nodes)[None, None], positions

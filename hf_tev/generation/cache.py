@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from transformers.cache_utils import DynamicCache
 
-from ..target_layers import TreeStateLayer, tree_attention_masks
+from ..target_layers import TreeStateLayer, sliding_window, tree_attention_masks
 from ..tree import DraftTree, TreeInputs
 from .hybrid import tree_pass_masks
 
@@ -30,12 +30,13 @@ class PromptTreeInputs:
     def __init__(self, model, max_past: int, device, hidden_columns=None):
         self.model = model
         self.buffers = TreeInputs(max_past, model.dtype, device, hidden_columns)
+        self.windowed = sliding_window(model) is not None  # read once: only then are masks per layer type made
 
     def __call__(self, trees: list[DraftTree], past: int, first_positions: list[int]):
         """`(tokens [1, N], mask, position_ids [1, N])` of the one tree."""
         (tree,) = trees
         mask, positions = self.buffers(tree, past, first_positions[0])
-        masks = None if mask is None else tree_attention_masks(self.model, tree.depths, mask)  # None: plain step
+        masks = tree_attention_masks(self.model, tree.depths, mask) if self.windowed else mask
         return tree.tokens[None], tree_pass_masks(self.model, trees, masks, tree.num_nodes), positions
 
     def commit(self, lengths: list[int]) -> None:
@@ -134,14 +135,18 @@ def compact_columns(cache: DynamicCache, hidden: torch.Tensor, min_share: float 
     return hidden.gather(1, index)
 
 
-def commit_accepted_path(cache: DynamicCache, past: int, path: torch.Tensor, path_is_prefix: bool) -> None:
+def commit_accepted_path(
+    cache: DynamicCache, past: int, path: torch.Tensor, path_is_prefix: bool, moves: list | None = None
+) -> None:
     """Keep only the accepted path's rows of the tree window appended after `past` cached positions.
 
     `path` is `[R, K]` (or `[K]` for one row): each row's accepted nodes, padded to the longest path K by
     repeating its last node. Rows `past + path` move to `past .. past + K - 1` on every layer, then the window is
     cropped to `past + K`. A row whose path is shorter than K keeps holes in its last columns, which its mask
     hides (`BatchTreeInputs`). When every path is the first nodes of its tree (often: node order is best-first),
-    nothing moves.
+    nothing moves. `moves` (one row, optional): the `(node, j)` of its path's nodes out of place (`path[j] = node
+    != j`), known on the host; when given, only those columns are copied, one copy each (usually one node: the
+    path leaves the first nodes at its last step), instead of an index_select of the whole path per tensor.
     """
     kept = path.shape[-1]
     if not path_is_prefix:
@@ -153,6 +158,10 @@ def commit_accepted_path(cache: DynamicCache, past: int, path: torch.Tensor, pat
             if layer.keys is None:  # a KV-sharing layer (Gemma 4) that stores nothing of its own
                 continue
             for states in (layer.keys, layer.values):  # [R, heads, past + N, head_dim]
+                if moves is not None:  # in path order: a node's column is never an earlier node's place (node > j)
+                    for node, j in moves:
+                        states.select(2, past + j).copy_(states.select(2, past + node))
+                    continue
                 if index.shape[0] == 1:  # one row: a plain index_select
                     states[:, :, past : past + kept] = states.index_select(2, index[0])
                     continue

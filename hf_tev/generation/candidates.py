@@ -220,7 +220,7 @@ class TreeCandidateGenerator:
         if all(isinstance(part, range) for part in parts) and all(
             a.stop == b.start for a, b in zip(parts, [*parts[1:], range(root_position, root_position)], strict=True)
         ):
-            return torch.arange(parts[0].start, root_position + after, device=device)[None]
+            return torch.arange(parts[0].start, root_position + after, device=device).view(1, -1)
         pieces = [
             part if isinstance(part, torch.Tensor) else torch.arange(part.start, part.stop)[None] for part in parts
         ]

@@ -268,7 +268,8 @@ def tree_pass_and_verify(state: Decoding, trees, past: int, first_positions: lis
     out = tree_forward(state.model, tokens, state.cache, mask, positions, state.candidates.hidden_indices)
     logits = out.logits.float()  # [R, N, V]
     forward_s = state.clock.lap()
-    committed = [row.sequence[:, :-1] for row in state.rows]
+    # each row's committed tokens, which only logits processors read
+    committed = [row.sequence[:, :-1] if len(row.processors) else None for row in state.rows]
     processors = [row.processors for row in state.rows]
     paths, bonuses, processed, host_paths = verifier_stage(
         trees, logits, committed, processors, state.verify, state.generator, state.cache, past

@@ -45,7 +45,8 @@ def verifier_stage(trees, logits, committed_ids, logits_processors, verify, gene
 
     Args:
         logits (`torch.FloatTensor` of shape `(R, N, V)`): raw target logits of the tree pass, float32.
-        committed_ids (`list` of `torch.LongTensor` of shape `(1, past_i)`): each row's committed tokens.
+        committed_ids (`list` of `torch.LongTensor` of shape `(1, past_i)`): each row's committed tokens (None for
+            a row without logits processors: nothing reads them).
         logits_processors (`list` of `LogitsProcessorList`): each row's processors (`processors_for_row`).
         cache: the target cache whose tree window after `past` keeps each row's accepted path.
     Returns:
@@ -68,8 +69,12 @@ def verifier_stage(trees, logits, committed_ids, logits_processors, verify, gene
     is_prefix = all(len(path) == longest and path[-1] == longest - 1 for path in host_paths)
     if is_prefix:  # only the path length is read
         commit_accepted_path(cache, past, paths[0], True)
+    elif len(paths) == 1:  # one row: the columns out of place are copied one by one when they are few
+        moves = [(node, j) for j, node in enumerate(host_paths[0]) if node != j]
+        moves = moves if len(moves) <= 2 else None
+        commit_accepted_path(cache, past, paths[0].to(logits.device, non_blocking=True), False, moves)
     else:
-        padded = paths[0] if len(paths) == 1 else torch.stack([_padded(path, longest) for path in paths])
+        padded = torch.stack([_padded(path, longest) for path in paths])
         commit_accepted_path(cache, past, padded.to(logits.device, non_blocking=True), False)
     return paths, bonuses, processed, host_paths
 

@@ -182,8 +182,13 @@ def test_host_long_and_host_topk_equal_their_slow_forms():
             values, ids = host_topk(logprobs, k)
             expected_values, expected_ids, _ = ranked_topk(logprobs, k)
             assert values == expected_values.double().tolist() and ids == expected_ids.tolist()
-    with pytest.raises(ValueError, match="log-probabilities"):
-        host_topk(torch.full((2, 5), math.nan), 3)
+    for vocab in (5, 400):  # the key's path, and on CPU the top-k of the values (which ranks NaN first)
+        nan_row = torch.zeros(2, vocab).log_softmax(-1)
+        nan_row[1, vocab // 2] = math.nan
+        with pytest.raises(ValueError, match="log-probabilities"):
+            host_topk(nan_row, 3)
+        with pytest.raises(ValueError, match="log-probabilities"):
+            host_topk(torch.full((2, vocab), 0.5), 3)
 
 
 def test_chain_tree():

@@ -264,6 +264,23 @@ def test_tree_pass_logits_equal_path_forwards_and_compaction():
         torch.testing.assert_close(step, fresh, atol=1e-4, rtol=1e-4)
 
 
+def test_committing_the_columns_out_of_place_equals_the_index_select():
+    # one row's path with its nodes out of place copied one by one (`moves`) leaves the cache the index_select does
+    gen = torch.Generator().manual_seed(0)
+    for path in ([0, 1, 4], [0, 2, 5], [0, 3], [0, 1, 2, 3, 9]):
+        caches = []
+        for with_moves in (False, True):
+            cache = DynamicCache()
+            cache.update(torch.randn(1, 2, 14, 4, generator=gen.manual_seed(1)), torch.randn(1, 2, 14, 4), 0)
+            cache.layers[0].values = cache.layers[0].keys.flip(2).clone()
+            moves = [(node, j) for j, node in enumerate(path) if node != j] if with_moves else None
+            commit_accepted_path(cache, 4, torch.tensor(path), False, moves)
+            caches.append(cache)
+        assert caches[0].get_seq_length() == caches[1].get_seq_length() == 4 + len(path)
+        assert torch.equal(caches[0].layers[0].keys, caches[1].layers[0].keys)
+        assert torch.equal(caches[0].layers[0].values, caches[1].layers[0].values)
+
+
 # ---------------------------------------------------------------------------------------------------------
 # Sampling: the output law must be the target's own sampling law
 # ---------------------------------------------------------------------------------------------------------
