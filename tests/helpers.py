@@ -389,7 +389,11 @@ def run_two_processes(script: str, tmp_path) -> tuple[list[dict], Path]:
     """Run the Python `script` in 2 CPU processes (`torch.distributed.run`; tests/ importable). It gets an output
     folder as its argument and writes `rank{r}.json` into it; returns both ranks' JSON and the folder."""
     path, out = tmp_path / "two_processes.py", tmp_path / "out"
-    path.write_text(script)
+    # both processes leave the process group together: a process that exits with it alive can abort in gloo's
+    # teardown ("terminate called without an active exception") after its work is done
+    ending = "\nimport torch.distributed\nif torch.distributed.is_initialized():\n"
+    ending += "    torch.distributed.barrier()\n    torch.distributed.destroy_process_group()\n"
+    path.write_text(script + ending)
     out.mkdir()
     tests = REPO_ROOT / "tests"
     env = {
