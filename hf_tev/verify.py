@@ -303,9 +303,19 @@ def verify_greedy(tree: DraftTree, logits: torch.Tensor, generator: torch.Genera
         `(path, bonus)`: the deepest node v on the argmax path (host), and the argmax at v.
     """
     _check_rows(tree, logits, "logits")
+    lists = tree.lists
+    if logits.device.type == "cpu":  # a host read costs no device sync: take the argmax of the visited rows only
+        node = 0
+        while True:
+            choice = logits[node].argmax()
+            token = int(choice)
+            step = next((c for c in lists.children[node] if lists.tokens[c] == token), None)
+            if step is None:
+                return _path(lists, node), choice
+            node = step
     choice = logits.argmax(-1)  # [N]
-    exit_node = _follow(tree.lists, choice.tolist())  # the one host copy
-    return _path(tree.lists, exit_node), choice[exit_node]
+    exit_node = _follow(lists, choice.tolist())  # the one host copy
+    return _path(lists, exit_node), choice[exit_node]
 
 
 # Every verifier: (tree, scores [N, V], generator=None) -> (path on the host, bonus). The sampling ones are exact

@@ -10,7 +10,7 @@ lengths), `select` (rows that stay) and `compact` (drop columns no row needs).
 from __future__ import annotations
 
 import torch
-from transformers.cache_utils import DynamicCache
+from transformers.cache_utils import DynamicCache, DynamicLayer
 
 from ..target_layers import TreeStateLayer, sliding_window, tree_attention_masks
 from ..tree import DraftTree, TreeInputs
@@ -167,6 +167,18 @@ def commit_accepted_path(
                     continue
                 rows = index[:, None, :, None].expand(-1, states.shape[1], -1, states.shape[3])
                 states[:, :, past : past + kept] = states.gather(2, rows)
-    excess = cache.get_seq_length() - (past + kept)
-    if excess:
+    crop_to(cache, past + kept)
+
+
+def crop_to(cache: DynamicCache, length: int) -> None:
+    """`cache` cut to its first `length` positions, as `cache.crop` cuts it; a plain `DynamicLayer` by two narrow
+    views (the same views as its `crop`, which slices by index for several times the cost, every cycle)."""
+    excess = cache.get_seq_length() - length
+    if excess and type(cache).crop is not DynamicCache.crop:  # a cache class with its own crop
         cache.crop(-excess)
+    elif excess:
+        for layer in cache.layers:
+            if type(layer) is DynamicLayer and layer.keys is not None:
+                layer.keys, layer.values = layer.keys.narrow(-2, 0, length), layer.values.narrow(-2, 0, length)
+            else:
+                layer.crop(-excess)

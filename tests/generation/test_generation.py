@@ -281,6 +281,31 @@ def test_committing_the_columns_out_of_place_equals_the_index_select():
         assert torch.equal(caches[0].layers[0].values, caches[1].layers[0].values)
 
 
+def test_crop_to_cuts_as_the_cache_crops():
+    from hf_tev.generation.cache import crop_to
+
+    class OwnCrop(DynamicCache):
+        crops = []
+
+        def crop(self, max_length):
+            self.crops.append(max_length)
+            super().crop(max_length)
+
+    for kind in (DynamicCache, OwnCrop):
+        cache, expected = kind(), DynamicCache()
+        for layer in range(2):
+            states = torch.randn(1, 2, 9, 4)
+            cache.update(states, states + 1, layer)
+            expected.update(states, states + 1, layer)
+        crop_to(cache, 6)
+        expected.crop(-3)
+        for ours, theirs in zip(cache.layers, expected.layers, strict=True):
+            assert torch.equal(ours.keys, theirs.keys) and torch.equal(ours.values, theirs.values)
+        crop_to(cache, 6)  # nothing to cut
+        assert cache.get_seq_length() == 6
+    assert OwnCrop.crops == [-3]  # a cache class with its own crop is cut by it
+
+
 # ---------------------------------------------------------------------------------------------------------
 # Sampling: the output law must be the target's own sampling law
 # ---------------------------------------------------------------------------------------------------------
