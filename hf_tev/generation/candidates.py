@@ -41,6 +41,7 @@ class RowDrafts:
     context_positions: list = field(default_factory=list)  # a `range`, or a LongTensor [1, c_i], each
     index: ContextIndex | None = None
     lookup_stats: LookupStats | None = None
+    root: int | None = None  # this cycle's root on the host (lookup only: read once, by `continuations`)
 
 
 @dataclass
@@ -229,11 +230,18 @@ class TreeCandidateGenerator:
 
     def continuations(self, row: int, root, max_depth: int) -> list:
         """A row's context drafts after `root`, at most `max_depth` deep (empty without lookup)."""
-        index = self.rows[row].index
-        if index is None:
+        state = self.rows[row]
+        if state.index is None:
             return []
-        continuations = index.continuations(int(root))  # one host read of the root
+        state.root = int(root)  # the root's one host read this cycle (`committed_tokens` reuses it)
+        continuations = state.index.continuations(state.root)
         return [(tokens[:max_depth], n) for tokens, n in continuations if max_depth > 0]
+
+    def committed_tokens(self, row: int, tree: DraftTree, path: list[int]) -> list[int]:
+        """The tokens row `row` commits this cycle, for its context index: its root and the accepted nodes', from
+        the host (no read of the sequence: the tree's tokens are on the host since it was built or verified)."""
+        tokens = tree.lists.tokens
+        return [self.rows[row].root, *(tokens[node] for node in path[1:])]
 
     def build(self, draft_logprobs, root, continuations, lookup_stats, size_rule=None, budget=None) -> DraftTree:
         """Stage 2: the tree of at most `budget` nodes (default: the configured budget; fewer where `size_rule`

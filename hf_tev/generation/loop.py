@@ -291,7 +291,7 @@ def commit_row(state: Decoding, i: int, tree, path, host_path: list[int], bonus,
     new = [bonus.view(1, 1)] if accepted == 1 else [tree.tokens[path[1:]][None], bonus.view(1, 1)]
     row.sequence = torch.cat([row.sequence, *new], dim=1)
     positions = range(row.next_position, row.next_position + accepted)  # consecutive: no tensor needed
-    tokens = row.sequence[0, start - 1 : -1].tolist() if state.candidates.lookup else None  # old root + accepted
+    tokens = state.candidates.committed_tokens(i, tree, host_path) if state.candidates.lookup else None
     row_features = None
     if features is not None:  # a path of the first nodes 0..k (it ends at k) is a view of them, not a copy
         row_features = features[i : i + 1, :accepted] if host_path[-1] == accepted - 1 else features[i : i + 1, path]
