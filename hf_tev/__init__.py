@@ -11,6 +11,8 @@ import importlib
 import logging
 
 from ._version import __version__
+from .auto_class import AUTO_FACTORY
+from .import_hooks import after_import
 from .route import disable, enable, is_enabled
 
 # hf_tev's loggers (`transformers.utils.logging.get_logger(__name__)`) answer to transformers' library logger: its
@@ -76,3 +78,4 @@ def __dir__():
 
 
 enable()
+after_import(AUTO_FACTORY, f"{__name__}.auto_class", "install")  # AutoModel loads saved drafters

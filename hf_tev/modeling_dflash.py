@@ -22,7 +22,7 @@ from collections.abc import Callable
 
 import torch
 from torch import nn
-from transformers import DynamicCache, PreTrainedModel
+from transformers import AutoModel, DynamicCache, PretrainedConfig, PreTrainedModel
 from transformers.cache_utils import Cache, DynamicLayer
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import BaseModelOutputWithPast
@@ -366,6 +366,10 @@ class DFlashDraftModel(PreTrainedModel):
         return drafter.eval()
 
     @classmethod
+    def _from_config(cls, config, **kwargs):
+        return super()._from_config(as_drafter_config(config), **kwargs)
+
+    @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, *model_args, **kwargs):
         """Load a published-layout DFlash checkpoint (local folder or Hub id), safetensors only, strictly:
         a missing local folder, a folder without `config.json`, pickle weights (also behind a safetensors index),
@@ -374,6 +378,8 @@ class DFlashDraftModel(PreTrainedModel):
         if kwargs.get("use_safetensors") is False:
             raise ValueError("DFlashDraftModel loads safetensors only (use_safetensors=False is not supported)")
         check_tensor_dtypes(safetensors_files(pretrained_model_name_or_path, kwargs))
+        if isinstance(kwargs.get("config"), PretrainedConfig):
+            kwargs["config"] = as_drafter_config(kwargs["config"])
         want_info = kwargs.pop("output_loading_info", False)
         kwargs.update(use_safetensors=True, ignore_mismatched_sizes=True)  # mismatches are reported below
         model, info = super().from_pretrained(
@@ -398,6 +404,11 @@ class DFlashDraftModel(PreTrainedModel):
                 "describes: " + "; ".join(problems)
             )
         return (model, info) if want_info else model
+
+
+def as_drafter_config(config: PretrainedConfig) -> DFlashConfig:
+    """`config` as a `DFlashConfig`: `AutoModel` reads a published-layout drafter as a plain `Qwen3Config`."""
+    return config if isinstance(config, DFlashConfig) else DFlashConfig.from_dict(config.to_dict())
 
 
 def check_num_depths(num_depths, depths: int) -> int:
@@ -540,3 +551,7 @@ def _draft_layer_types(num_layers: int, layer_types, sliding_window) -> list[str
     if "sliding_attention" in types and sliding_window is None:
         raise ValueError("from_target(layer_types=...) lists sliding_attention layers: pass sliding_window= too")
     return types
+
+
+# `AutoModel.from_config(DFlashConfig(...))`; `AutoModel.from_pretrained` on a saved drafter: hf_tev.auto_class
+AutoModel.register(DFlashConfig, DFlashDraftModel, exist_ok=True)

@@ -22,9 +22,10 @@ from __future__ import annotations
 
 import copy
 import functools
-import importlib.abc
-import importlib.machinery
+import importlib
 import sys
+
+from .import_hooks import after_import
 
 _HOOKED_MODULE = "transformers.generation.utils"
 _ROUTE_ATTRIBUTE = "_hf_tev_route"  # on GenerationMixin: our wrapper, the one source of truth
@@ -228,6 +229,13 @@ def _mixin(load: bool):
     return module.GenerationMixin
 
 
+def install_route(generation_utils) -> None:
+    """Put the route on `generation_utils.GenerationMixin` if it is wanted (run by `enable()` and by the import hook
+    when `transformers.generation.utils` finishes loading)."""
+    if _wanted:
+        _install(generation_utils.GenerationMixin)
+
+
 def _installed_route(mixin):
     return mixin.__dict__.get(_ROUTE_ATTRIBUTE)
 
@@ -257,11 +265,7 @@ def enable() -> None:
     Idempotent. If transformers is not imported yet, the route is installed when it is."""
     global _wanted
     _wanted = True
-    mixin = _mixin(load=False)
-    if mixin is None:
-        _PostImportHook.register()
-    else:
-        _install(mixin)
+    after_import(_HOOKED_MODULE, __name__, "install_route")
 
 
 def disable() -> None:
@@ -289,30 +293,3 @@ def is_enabled() -> bool:
         return _wanted
     route = _installed_route(mixin)
     return route is not None and route._hf_tev_active and any(f is route for f in _chain(mixin.generate))
-
-
-class _PostImportHook(importlib.abc.MetaPathFinder):
-    """Installs the route right after `transformers.generation.utils` is executed (imports stay lazy)."""
-
-    @classmethod
-    def register(cls) -> None:
-        # by name: after a reload of this module the hook of the earlier copy is still there, and enough
-        if not any(type(finder).__qualname__ == cls.__qualname__ for finder in sys.meta_path):
-            sys.meta_path.insert(0, cls())
-
-    def find_spec(self, name, path, target=None):
-        if name != _HOOKED_MODULE:
-            return None
-        spec = importlib.machinery.PathFinder.find_spec(name, path)
-        if spec is None or spec.loader is None:
-            return None
-        exec_module = spec.loader.exec_module
-
-        def exec_and_route(module):
-            exec_module(module)
-            current = sys.modules[__name__]  # this module as it is now, even if reloaded since
-            if current._wanted:
-                current._install(module.GenerationMixin)
-
-        spec.loader.exec_module = exec_and_route
-        return spec
