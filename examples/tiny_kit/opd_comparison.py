@@ -24,13 +24,14 @@ the drafters already in `--work`.
 
 import argparse
 import json
-import random
 import shlex
 import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
+from scipy.stats import bootstrap
 
 import hf_tev
 from hf_tev.kit import KIT_MODELS, kit_path, load_kit_model, load_kit_prompts, load_kit_tokenizer
@@ -123,20 +124,19 @@ def evaluate(drafters: dict, args) -> list[dict]:
 
 def paired_bootstrap(records: list[dict], arm: str, base: str, resamples: int, seed: int = 0):
     """Pooled tau of `arm` / pooled tau of `base` over the same prompts, and its 95% percentile interval over
-    prompt resamples (the same resampled prompts for both)."""
+    prompt resamples (`scipy.stats.bootstrap`, paired: the same resampled prompts for both)."""
     key = lambda r: (r["prompt_set"], r["prompt"])  # noqa: E731
     a = {key(r): (r["tokens"], r["cycles"]) for r in records if r["drafter"] == arm}
     b = {key(r): (r["tokens"], r["cycles"]) for r in records if r["drafter"] == base}
-    keys = sorted(a)
+    columns = np.array([(*a[k], *b[k]) for k in sorted(a)], dtype=float).T  # tokens, cycles of arm, then base
 
-    def ratio(sample):
-        ta = sum(a[k][0] for k in sample) / sum(a[k][1] for k in sample)
-        tb = sum(b[k][0] for k in sample) / sum(b[k][1] for k in sample)
-        return ta / tb
+    def ratio(tokens_a, cycles_a, tokens_b, cycles_b, axis=-1):
+        return (tokens_a.sum(axis) / cycles_a.sum(axis)) / (tokens_b.sum(axis) / cycles_b.sum(axis))
 
-    rng = random.Random(seed)
-    draws = sorted(ratio([rng.choice(keys) for _ in keys]) for _ in range(resamples))
-    return ratio(keys), draws[int(0.025 * resamples)], draws[int(0.975 * resamples) - 1]
+    interval = bootstrap(
+        tuple(columns), ratio, paired=True, n_resamples=resamples, method="percentile", rng=np.random.default_rng(seed)
+    ).confidence_interval
+    return float(ratio(*columns)), float(interval.low), float(interval.high)
 
 
 def summarize(records: list[dict], logs: dict, args) -> str:
