@@ -23,6 +23,7 @@ from __future__ import annotations
 import copy
 import functools
 import importlib
+import inspect
 import sys
 
 from .import_hooks import after_import
@@ -34,14 +35,36 @@ _wanted = globals().get("_wanted", False)
 
 
 def _make_route(original):
+    names = positional_names(original)
+
     @functools.wraps(original)
     def generate(self, *args, **kwargs):
+        if len(args) > 1:  # e.g. generate(input_ids, generation_config): the route reads options by name
+            args, kwargs = as_keywords(names, args, kwargs)
         if not generate._hf_tev_active or not wants_tree_decoding(self, kwargs):
             return original(self, *args, **kwargs)
         return routed_generate(original, self, *args, **kwargs)
 
     generate._hf_tev_active = True
     return generate
+
+
+def positional_names(function) -> list[str]:
+    """The names of `function`'s parameters that can be passed by position, `self` excluded."""
+    kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    return [p.name for p in inspect.signature(function).parameters.values() if p.kind in kinds][1:]
+
+
+def as_keywords(names: list[str], args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """`generate`'s positional arguments after the prompt passed by name instead (as generate binds them), so
+    that the route sees a positional `generation_config` or `assistant_model`; a name given both ways is
+    refused as Python refuses it."""
+    if len(args) > len(names):  # more than generate takes: generate's own TypeError says so
+        return args, kwargs
+    for name in names[1 : len(args)]:
+        if name in kwargs:
+            raise TypeError(f"generate() got multiple values for argument '{name}'")
+    return args[:1], {**dict(zip(names[1:], args[1:], strict=False)), **kwargs}
 
 
 def wants_tree_decoding(model, kwargs: dict) -> bool:

@@ -337,3 +337,24 @@ def test_stop_strings_and_token_healing_with_a_passed_generation_config_leave_bo
         )
     assert out.tolist() == expected.tolist() and healing.token_healing is True
     assert not [m for m in messages if "deprecated" in m]
+
+
+def test_generation_config_and_assistant_model_passed_by_position_are_seen_by_the_route():
+    from transformers import GenerationConfig
+
+    target = make_target("qwen3")
+    drafter = make_drafter(target)
+    expected = target.generate(PROMPT, do_sample=False, max_new_tokens=12)
+    config = GenerationConfig(do_sample=False, max_new_tokens=12, tev_config={"budget": 2})
+    # the config's tev_config reaches the decoder (a DFlash drafter alone routes the call)
+    out = target.generate(PROMPT, config, assistant_model=drafter, return_dict_in_generate=True)
+    assert out.sequences.tolist() == expected.tolist() and max(out.tev_stats.tree_sizes) == 2
+    # generate(inputs, generation_config, logits_processor, stopping_criteria, prefix_allowed_tokens_fn,
+    #          synced_gpus, assistant_model, ...)
+    out = target.generate(PROMPT, config, None, None, None, None, drafter, return_dict_in_generate=True)
+    assert out.sequences.tolist() == expected.tolist() and max(out.tev_stats.tree_sizes) == 2
+    # options the route refuses are found in a positional config too
+    with pytest.raises(ValueError, match="cache_implementation"):
+        target.generate(PROMPT, GenerationConfig(max_new_tokens=4, cache_implementation="static"), tev_config={})
+    with pytest.raises(TypeError, match="multiple values for argument 'generation_config'"):
+        target.generate(PROMPT, config, generation_config=config, assistant_model=drafter)
