@@ -122,16 +122,34 @@ class CycleCost:
     tree_scale: float | None = None
     draft: float | None = None
     smoothing: float = 0.1  # weight of a new measurement in the running averages
+    # The probe is taken again when the passes measured since (at least `stale_after` of them) run this many times
+    # faster or slower than it said: the machine is not what it was while probing (e.g. a probe under load).
+    stale_factor: float = 1.5
+    stale_after: int = 16
+    passes_since_probe: int = 0
     _rest_moments: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0, 0.0, 0.0])  # w, n, n^2, t, n t
 
     @property
     def probed(self) -> bool:
         return len(self.probe_sizes) >= 1
 
+    @property
+    def needs_probe(self) -> bool:
+        """Not probed yet, or the probe is stale: the measured passes' scale left [1 / stale_factor, stale_factor].
+
+        A probe taken while the machine was busy prices large passes by that moment's contention; the scale
+        corrects only its level, and a budget that then declines every tree observes no pass that could correct
+        its shape. A scale that drifted far says the machine changed since: probe again."""
+        if not self.probed:
+            return True
+        scale = self.tree_scale or 1.0
+        drifted = not 1 / self.stale_factor <= scale <= self.stale_factor
+        return drifted and self.passes_since_probe >= self.stale_after
+
     def set_probe(self, sizes: list[int], seconds: list[float]) -> None:
         """Tree-pass times at a few token counts (ascending sizes); made non-decreasing (a larger pass never
         costs less: what says otherwise is timing noise)."""
-        self.probe_sizes, self.tree_scale = list(sizes), 1.0
+        self.probe_sizes, self.tree_scale, self.passes_since_probe = list(sizes), 1.0, 0
         self.probe_times = isotonic(list(seconds), [1.0] * len(seconds))
 
     def summary(self) -> dict:
@@ -181,6 +199,7 @@ class CycleCost:
     def observe(self, nodes: int, tree_s: float, rest_s: float) -> None:
         """One cycle's measured tree pass and the rest of the cycle."""
         a = self.smoothing
+        self.passes_since_probe += 1
         ratio = tree_s / self.tree_shape(nodes + 1)
         self.tree_scale = ratio if self.tree_scale is None else (1 - a) * self.tree_scale + a * ratio
         moments = self._rest_moments

@@ -321,3 +321,25 @@ def test_calls_in_two_threads_sharing_a_budget_each_get_their_own_choice():
     thread.join(timeout=60)
     assert b_predicted[0] == pytest.approx(1 + 12 * calibration(-0.01))
     assert a_nodes > 0 and budget.chose(a_nodes) == pytest.approx(1 + sum(map(calibration, a_log_qs[:a_nodes])))
+
+
+def test_a_probe_the_machine_no_longer_matches_is_taken_again():
+    cost = CycleCost()
+    assert cost.needs_probe  # never probed
+    cost.set_probe([1, 2, 4], [10e-3, 20e-3, 40e-3])  # probed while the machine was busy: 10 ms per token
+    assert not cost.needs_probe
+    for _ in range(cost.stale_after - 1):  # then quiet: a plain pass takes 4 ms
+        cost.observe(0, 4e-3, 0.0)
+    assert cost.tree_scale < 1 / cost.stale_factor and not cost.needs_probe  # too few passes to say yet
+    cost.observe(0, 4e-3, 0.0)
+    assert cost.needs_probe
+    cost.set_probe([1, 2, 4], [4e-3, 8e-3, 16e-3])  # the new probe starts over
+    assert cost.tree_scale == 1.0 and cost.passes_since_probe == 0 and not cost.needs_probe
+    rng = random.Random(0)
+    for _ in range(200):  # passes that scatter around what the probe said never ask for another
+        nodes = rng.choice([0, 1, 3])
+        cost.observe(nodes, cost.tree_shape(nodes + 1) * rng.uniform(0.75, 1.3), 1e-4)
+    assert not cost.needs_probe
+    for _ in range(cost.stale_after):  # slower for good (another process took a core): probe again
+        cost.observe(0, 2.5 * cost.tree_shape(1), 1e-4)
+    assert cost.needs_probe

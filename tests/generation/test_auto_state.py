@@ -101,3 +101,36 @@ def test_the_first_auto_call_probes_only_sizes_a_tree_could_repay(monkeypatch):
     # 2 x 8 one-token passes: a pass of 32 tokens per row costs more, and no larger one is made
     assert out.tev_stats[0].budget_model["probe_tokens"] == [1, 2, 4, 8, 16, 32]
     assert max(passes) == (8, 32)
+
+
+def test_a_stale_probe_is_taken_again_at_the_next_call(monkeypatch):
+    target = make_target("qwen3")
+    drafter = make_drafter(target)  # untrained: mostly plain cycles, each a measured pass
+    prompt = torch.tensor([[1, 5, 9, 13, 7, 3]])
+    clock, price, real = ScriptedClock(), {"per_token": 0.5}, forward.tree_forward
+
+    def priced_forward(model, tokens, *args):  # only the probe's passes are priced by the script
+        clock.pending += price["per_token"] * tokens.numel()
+        return real(model, tokens, *args)
+
+    monkeypatch.setattr(forward, "tree_forward", priced_forward)
+    monkeypatch.setattr(forward, "StageClock", lambda device: clock)
+    expected = greedy(target, prompt, max_new_tokens=40)
+
+    def call():
+        out = greedy(
+            target,
+            prompt,
+            max_new_tokens=40,
+            assistant_model=drafter,
+            tev_config=TEVConfig(),
+            return_dict_in_generate=True,
+        )
+        assert out.sequences.tolist() == expected.tolist()
+        return out.tev_stats.budget_model
+
+    busy = call()  # probed "under load": half a second per token, far slower than the passes that follow
+    assert busy["probe_ms"][0] == 500.0 and busy["tree_scale"] < 0.1
+    price["per_token"] = 1e-3
+    quiet = call()  # the passes drifted far from the probe: this call probes again
+    assert quiet["probe_ms"][0] == 1.0
