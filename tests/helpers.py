@@ -15,6 +15,24 @@ from transformers.generation.streamers import BaseStreamer
 from hf_tev import DFlashDraftModel
 
 
+def tiny_text_dims(vocab_size: int = 96, num_layers: int = 4) -> dict:
+    """The text dimensions the tiny family, hybrid and Muse Glimmer targets share: hidden 32, heads 4 / KV 2 of 8,
+    512 positions, bos 1 / eos 2 / pad 0 (generation reads the special ids)."""
+    return dict(
+        vocab_size=vocab_size,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=num_layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        max_position_embeddings=512,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+    )
+
+
 def make_target(
     arch: str = "qwen3",
     vocab_size: int = 96,

@@ -12,6 +12,7 @@ from helpers import (
     exact_last_two_law,
     make_drafter,
     make_target,
+    tiny_text_dims,
     with_oracle,
 )
 from transformers import (
@@ -36,20 +37,7 @@ def make_muse_target(vocab_size: int = 96, num_layers: int = 4, seed: int = 0, o
     """A tiny random `MuseGlimmerForConditionalGeneration` (text hidden 32; layer 3 full and NoPE, 0-2 sliding with
     window 8; a one-layer vision tower that text prompts never run)."""
     torch.manual_seed(seed)
-    text = dict(
-        vocab_size=vocab_size,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=num_layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=8,
-        max_position_embeddings=512,
-        bos_token_id=1,
-        eos_token_id=2,
-        pad_token_id=0,
-        sliding_window=TARGET_WINDOW,
-    )
+    text = tiny_text_dims(vocab_size, num_layers) | dict(sliding_window=TARGET_WINDOW)
     if output_multiplier is not None:
         text["output_multiplier"] = output_multiplier
     vision = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2)

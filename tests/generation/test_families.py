@@ -11,6 +11,7 @@ from helpers import (
     make_drafter,
     published_config,
     published_weights,
+    tiny_text_dims,
     with_oracle,
     write_checkpoint,
 )
@@ -47,19 +48,7 @@ VERIFIERS = ("tev", "predraw", "residual")
 def make_family_target(family: str, vocab_size: int = 96, num_layers: int = 4, seed: int = 0, window: int = WINDOW):
     """A tiny random target of `family` (hidden 32, heads 4 / KV 2), sliding window 8 where the family has one."""
     torch.manual_seed(seed)
-    common = dict(
-        vocab_size=vocab_size,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=num_layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=8,
-        max_position_embeddings=512,
-        bos_token_id=1,
-        eos_token_id=2,
-        pad_token_id=0,
-    )
+    common = tiny_text_dims(vocab_size, num_layers)
     # 3 sliding : 1 full (Gemma 4's pattern is 5:1 with the last layer full)
     pattern = ["sliding_attention"] * (num_layers - 1) + ["full_attention"]
     if family == "qwen3":

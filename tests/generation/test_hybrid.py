@@ -12,6 +12,7 @@ from helpers import (
     chi_square_pvalue,
     exact_last_two_law,
     make_drafter,
+    tiny_text_dims,
     transformers_log,
     with_oracle,
 )
@@ -38,22 +39,12 @@ def make_hybrid_target(family: str, vocab_size: int = 96, num_layers: int = 4, s
     """A tiny random hybrid target (hidden 32; 3 linear-attention layers : 1 full-attention layer)."""
     torch.manual_seed(seed)
     text = (
-        dict(
-            vocab_size=vocab_size,
-            hidden_size=32,
-            intermediate_size=64,
-            num_hidden_layers=num_layers,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            head_dim=8,
+        tiny_text_dims(vocab_size, num_layers)
+        | dict(
             linear_num_value_heads=4,
             linear_num_key_heads=2,
             linear_key_head_dim=8,
             linear_value_head_dim=8,
-            max_position_embeddings=512,
-            bos_token_id=1,
-            eos_token_id=2,
-            pad_token_id=0,
             tie_word_embeddings=False,
         )
         | linear
