@@ -46,18 +46,18 @@ class _PostImportFinder(importlib.abc.MetaPathFinder):
         return finder
 
     def find_spec(self, name, path, target=None):
-        hooks = self.hooks.pop(name, None)
-        if hooks is None:
+        # The hooks stay: a module executed again (`importlib.reload`, or imported anew after leaving
+        # `sys.modules`) gets them again, as its new classes and functions need them.
+        if name not in self.hooks:
             return None
         spec = importlib.machinery.PathFinder.find_spec(name, path)
         if spec is None or spec.loader is None:
-            self.hooks[name] = hooks  # not found this time: keep them for a later import
             return None
         exec_module = spec.loader.exec_module
 
         def exec_and_run_hooks(module):
             exec_module(module)
-            for hook_module, hook_name in sorted(hooks):
+            for hook_module, hook_name in sorted(self.hooks.get(name, ())):
                 _run(hook_module, hook_name, module)
 
         spec.loader.exec_module = exec_and_run_hooks
