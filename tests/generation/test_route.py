@@ -358,3 +358,16 @@ def test_generation_config_and_assistant_model_passed_by_position_are_seen_by_th
         target.generate(PROMPT, GenerationConfig(max_new_tokens=4, cache_implementation="static"), tev_config={})
     with pytest.raises(TypeError, match="multiple values for argument 'generation_config'"):
         target.generate(PROMPT, config, generation_config=config, assistant_model=drafter)
+
+
+def test_a_transformers_module_executed_again_gets_the_route_and_the_auto_class_entry_again():
+    out = run_python(
+        "import importlib\n"
+        "import hf_tev\n"
+        "import transformers.generation.utils as utils\n"
+        "import transformers.models.auto.auto_factory as factory\n"
+        "utils, factory = importlib.reload(utils), importlib.reload(factory)\n"
+        "mixin = utils.GenerationMixin\n"
+        "print(mixin.generate is mixin.__dict__.get('_hf_tev_route'), factory._get_model_class._hf_tev_drafters)\n"
+    )
+    assert out.strip() == "True True"
