@@ -205,6 +205,44 @@ def chi_square_pvalue(counts, law, min_expected=5.0):
     return float(torch.special.gammaincc(torch.tensor(dof / 2.0, dtype=torch.float64), stat / 2.0))
 
 
+def flattened(drafter, factor: float = 0.1):
+    """The drafter with flatter draft marginals: its trees branch over most of a tiny vocabulary, so deep paths get
+    accepted under sampling (any tree is exact; this one gives a law test its power)."""
+    real = drafter.draft_logits
+    drafter.draft_logits = lambda *args, **kwargs: real(*args, **kwargs) * factor
+    return drafter
+
+
+def assert_tree_sampling_law(target, prompt, drafter, verifiers, draws: int = 120):
+    """Sample 4 tokens `draws` times per verifier (temperature 0.9, budget 12, seed 1234) and test the law of the
+    last two (the first tree after the prefill can emit both) against the target's exact law, per verifier; the
+    test must have power: depth-2 paths accepted often, and the pooled counts reject a wrong law (T = 0.6)."""
+    from transformers import LogitsProcessorList
+
+    from hf_tev import TEVConfig
+
+    vocab = target.get_output_embeddings().weight.shape[0]
+    law = exact_last_two_law(target, prompt, LogitsProcessorList([TemperatureLike(0.9)]))
+    start = prompt.shape[1] + 2
+    pooled, accepted = torch.zeros(vocab, vocab), []
+    torch.manual_seed(1234)
+    for verifier in verifiers:
+        counts = torch.zeros(vocab, vocab)
+        for _ in range(draws):
+            out = target.generate(
+                prompt, max_new_tokens=4, assistant_model=drafter, return_dict_in_generate=True,
+                tev_config=TEVConfig(budget=12, verifier=verifier),  # 4 + 8 of 16 depth-2 paths
+                do_sample=True, temperature=0.9, top_k=0, top_p=1.0,
+            )  # fmt: skip
+            counts[out.sequences[0, start], out.sequences[0, start + 1]] += 1
+            accepted.append(out.tev_stats.accepted_lengths[0])
+        assert chi_square_pvalue(counts, law) > 1e-3, verifier
+        pooled += counts
+    assert sum(a >= 3 for a in accepted) > 10 * len(verifiers), "depth-2 paths were never accepted: no power"
+    wrong = exact_last_two_law(target, prompt, LogitsProcessorList([TemperatureLike(0.6)]))
+    assert chi_square_pvalue(pooled, wrong) < 1e-3
+
+
 # A published-style DFlash checkpoint (the layout the released drafters were written in), tiny dimensions
 
 HIDDEN, HEADS, KV_HEADS, HEAD_DIM, INTER, VOCAB, EPS, THETA = 32, 4, 2, 8, 48, 96, 1e-6, 10000.0

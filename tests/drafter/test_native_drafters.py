@@ -7,16 +7,14 @@ exactly. Windows are small (4 for the drafters, 8 for the Muse target) and promp
 import pytest
 import torch
 from helpers import (
-    TemperatureLike,
-    chi_square_pvalue,
-    exact_last_two_law,
+    assert_tree_sampling_law,
+    flattened,
     make_drafter,
     make_target,
     tiny_text_dims,
     with_oracle,
 )
 from transformers import (
-    LogitsProcessorList,
     MuseGlimmerAssistantConfig,
     MuseGlimmerAssistantModel,
     MuseGlimmerConfig,
@@ -256,44 +254,15 @@ def test_native_drafter_greedy_equals_plain_generate(kind):
     assert out.tolist() == expected.tolist()
 
 
-def flattened(adapter, factor: float = 0.1):
-    """Flatter draft marginals: trees branch over most of a tiny vocabulary, so deep paths get accepted."""
-    real = adapter.draft_logits
-    adapter.draft_logits = lambda *args, **kwargs: real(*args, **kwargs) * factor
-    return adapter
-
-
 def test_muse_glimmer_target_with_native_drafter_keeps_the_sampling_law():
     """The law of the last two of 4 sampled tokens after a 40-token prompt (past both windows), per verifier,
     against the Muse target's exact law; the pooled counts reject a wrong law (temperature 0.6)."""
     vocab = 4
     target = make_muse_target(vocab_size=vocab, num_layers=2, seed=4, output_multiplier=1.0)
     prompt = torch.randint(1, vocab, (1, 40), generator=torch.Generator().manual_seed(5))
-    law = exact_last_two_law(target, prompt, LogitsProcessorList([TemperatureLike(0.9)]))
     drafter = make_native_drafter(target, block_size=4, mask_token_id=3)
     flattened(tree_drafter(drafter))
-    sampling = dict(do_sample=True, temperature=0.9, top_k=0, top_p=1.0)
-    start = prompt.shape[1] + 2
-    pooled, accepted = torch.zeros(vocab, vocab), []
-    torch.manual_seed(1234)
-    for verifier in VERIFIERS:
-        counts = torch.zeros(vocab, vocab)
-        for _ in range(120):
-            out = target.generate(
-                prompt,
-                max_new_tokens=4,
-                assistant_model=drafter,
-                return_dict_in_generate=True,
-                tev_config=TEVConfig(budget=12, verifier=verifier),
-                **sampling,
-            )
-            counts[out.sequences[0, start], out.sequences[0, start + 1]] += 1
-            accepted.append(out.tev_stats.accepted_lengths[0])
-        assert chi_square_pvalue(counts, law) > 1e-3, verifier
-        pooled += counts
-    assert sum(a >= 3 for a in accepted) > 10 * len(VERIFIERS), "depth-2 paths were never accepted: no power"
-    wrong = exact_last_two_law(target, prompt, LogitsProcessorList([TemperatureLike(0.6)]))
-    assert chi_square_pvalue(pooled, wrong) < 1e-3
+    assert_tree_sampling_law(target, prompt, drafter, VERIFIERS)
 
 
 # ------------------------------------------------------------------------------------------------------------------

@@ -5,9 +5,8 @@ layers. Prompts are longer than the window (40 tokens, window 8) so the window m
 import pytest
 import torch
 from helpers import (
-    TemperatureLike,
-    chi_square_pvalue,
-    exact_last_two_law,
+    assert_tree_sampling_law,
+    flattened,
     make_drafter,
     published_config,
     published_weights,
@@ -20,7 +19,6 @@ from transformers import (
     Gemma3TextConfig,
     LlamaConfig,
     LlamaForCausalLM,
-    LogitsProcessorList,
     MistralConfig,
     MistralForCausalLM,
     Qwen3Config,
@@ -196,18 +194,6 @@ def test_greedy_equals_plain_generate(family):
     assert max(taus) > 3, "the acceptance path was never exercised"
 
 
-def flattened(drafter, factor: float = 0.1):
-    """The drafter with flatter draft marginals: its trees branch over most of a tiny vocabulary, so deep paths
-    get accepted under sampling (any tree is exact; this one gives the law test its power)."""
-    real = drafter.draft_logits
-
-    def draft_logits(*args, **kwargs):
-        return real(*args, **kwargs) * factor
-
-    drafter.draft_logits = draft_logits
-    return drafter
-
-
 # (family, verifiers): Qwen3's tev / predraw laws are tested in test_generation.py; residual is tested here
 SAMPLING_CASES = [("qwen3", ("residual",))] + [(family, VERIFIERS) for family in FAMILIES[1:]]
 
@@ -224,31 +210,7 @@ def test_sampling_law_matches_target(family, verifiers):
         with torch.no_grad():
             target.get_output_embeddings().weight.mul_(2.0)
     prompt = long_prompt(vocab, length=PROMPT_LENGTH)
-    sampling = dict(do_sample=True, temperature=0.9, top_k=0, top_p=1.0)
-    law = exact_last_two_law(target, prompt, LogitsProcessorList([TemperatureLike(0.9)]))
-    drafter = flattened(make_family_drafter(target, family))
-    start = prompt.shape[1] + 2
-    pooled, accepted = torch.zeros(vocab, vocab), []
-    torch.manual_seed(1234)
-    for verifier in verifiers:
-        counts = torch.zeros(vocab, vocab)
-        for _ in range(120):
-            out = target.generate(
-                prompt,
-                max_new_tokens=4,
-                assistant_model=drafter,
-                return_dict_in_generate=True,
-                tev_config=TEVConfig(budget=12, verifier=verifier),  # 4 + 8 of 16 depth-2 paths
-                **sampling,
-            )
-            counts[out.sequences[0, start], out.sequences[0, start + 1]] += 1
-            accepted.append(out.tev_stats.accepted_lengths[0])
-        assert chi_square_pvalue(counts, law) > 1e-3, verifier
-        pooled += counts
-    assert sum(a >= 3 for a in accepted) > 10 * len(verifiers), "depth-2 paths were never accepted: no power"
-    # the test has power: a different law (temperature 0.6) is rejected
-    wrong = exact_last_two_law(target, prompt, LogitsProcessorList([TemperatureLike(0.6)]))
-    assert chi_square_pvalue(pooled, wrong) < 1e-3
+    assert_tree_sampling_law(target, prompt, flattened(make_family_drafter(target, family)), verifiers)
 
 
 # ---------------------------------------------------------------------------------------------------------

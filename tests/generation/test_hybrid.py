@@ -8,15 +8,14 @@ back before the root."""
 import pytest
 import torch
 from helpers import (
-    TemperatureLike,
-    chi_square_pvalue,
-    exact_last_two_law,
+    assert_tree_sampling_law,
+    flattened,
     make_drafter,
     tiny_text_dims,
     transformers_log,
     with_oracle,
 )
-from transformers import AutoConfig, AutoModelForCausalLM, LogitsProcessorList
+from transformers import AutoConfig, AutoModelForCausalLM
 from transformers.cache_utils import LinearAttentionLayer
 
 from hf_tev import DFlashDraftModel, TEVConfig
@@ -183,17 +182,6 @@ def test_greedy_equals_plain_generate(family):
     assert max(taus) > KERNEL, "no path longer than the conv window was accepted"
 
 
-def flattened(drafter, factor: float = 0.1):
-    """The drafter with flatter draft marginals: its trees branch over most of a tiny vocabulary."""
-    real = drafter.draft_logits
-
-    def draft_logits(*args, **kwargs):
-        return real(*args, **kwargs) * factor
-
-    drafter.draft_logits = draft_logits
-    return drafter
-
-
 @pytest.mark.parametrize("family", ["qwen3_5_text", "qwen3_next"])
 def test_sampling_law_matches_target(family):
     """The law of the last two of 4 sampled tokens (the first tree after the prefill can emit both) against the
@@ -201,25 +189,7 @@ def test_sampling_law_matches_target(family):
     vocab = 4
     target = make_hybrid_target(family, vocab_size=vocab, seed=4)
     prompt = long_prompt(vocab)
-    law = exact_last_two_law(target, prompt, LogitsProcessorList([TemperatureLike(0.9)]))
-    drafter = flattened(make_drafter(target))
-    start = prompt.shape[1] + 2
-    pooled, accepted = torch.zeros(vocab, vocab), []
-    torch.manual_seed(1234)
-    for verifier in VERIFIERS:
-        counts = torch.zeros(vocab, vocab)
-        for _ in range(120):
-            out = target.generate(
-                prompt, max_new_tokens=4, assistant_model=drafter, return_dict_in_generate=True,
-                tev_config=TEVConfig(budget=12, verifier=verifier), do_sample=True, temperature=0.9, top_k=0,
-            )  # fmt: skip
-            counts[out.sequences[0, start], out.sequences[0, start + 1]] += 1
-            accepted.append(out.tev_stats.accepted_lengths[0])
-        assert chi_square_pvalue(counts, law) > 1e-3, verifier
-        pooled += counts
-    assert sum(a >= 3 for a in accepted) > 10 * len(VERIFIERS), "depth-2 paths were never accepted: no power"
-    wrong = exact_last_two_law(target, prompt, LogitsProcessorList([TemperatureLike(0.6)]))
-    assert chi_square_pvalue(pooled, wrong) < 1e-3
+    assert_tree_sampling_law(target, prompt, flattened(make_drafter(target)), VERIFIERS)
 
 
 def test_the_returned_cache_continues_exactly_also_after_a_stop_inside_a_block():
