@@ -48,6 +48,9 @@ NOT_AN_ASSISTANT = (
 )
 
 
+MATMUL_ROWS = 4  # `draft_logits` computes the last layer for at least this many rows (see there)
+
+
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     # x: [B, heads, S, head_dim]; cos, sin: [B, S, head_dim]
     return x * cos.unsqueeze(1) + rotate_half(x) * sin.unsqueeze(1)
@@ -61,22 +64,28 @@ class DFlashAttention(Qwen3Attention):
         super().__init__(config, layer_idx)
         self.is_causal = False  # the block attends to itself bidirectionally (and to every context row)
 
-    def forward(self, hidden_states, context, position_embeddings, attention_mask=None, cache=None):
+    def forward(self, hidden_states, context, position_embeddings, attention_mask=None, cache=None, rows=None):
         # hidden_states: [B, L, H] normed block rows; context: [B, c, H] projected context rows
         # position_embeddings: (cos, sin) [B, c + L, head_dim]; attention_mask: None or [B|1, 1, L, kv] additive
+        # rows (a slice, optional): the block rows whose outputs are wanted; every row still gives its K/V
         batch, block_len = hidden_states.shape[:2]
         kv_inputs = torch.cat([context, hidden_states], dim=1)  # [B, c + L, H]
-        query = self.q_norm(self.q_proj(hidden_states).view(batch, block_len, -1, self.head_dim)).transpose(1, 2)
+        cos, sin = (part[:, -block_len:] for part in position_embeddings)
+        if rows is not None:
+            hidden_states, cos, sin = hidden_states[:, rows], cos[:, rows], sin[:, rows]
+        queries = hidden_states.shape[1]
+        query = self.q_norm(self.q_proj(hidden_states).view(batch, queries, -1, self.head_dim)).transpose(1, 2)
         key = self.k_norm(self.k_proj(kv_inputs).view(batch, kv_inputs.shape[1], -1, self.head_dim)).transpose(1, 2)
         value = self.v_proj(kv_inputs).view(batch, kv_inputs.shape[1], -1, self.head_dim).transpose(1, 2)
 
-        cos, sin = position_embeddings
-        query = _rotate(query, cos[:, -block_len:], sin[:, -block_len:])
-        key = _rotate(key, cos, sin)
+        query = _rotate(query, cos, sin)
+        key = _rotate(key, *position_embeddings)
         if cache is not None:  # appends context + block K/V; returns everything cached so far
             key, value = cache.update(key, value, self.layer_idx)
         if isinstance(attention_mask, SlidingWindowMask):  # a sliding layer: its mask depends on the keys it got
             attention_mask = attention_mask.for_keys(key.shape[-2])
+        if rows is not None and attention_mask is not None and attention_mask.shape[-2] > 1:
+            attention_mask = attention_mask[:, :, rows]
 
         attention_interface: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(
             self.config._attn_implementation, eager_attention_forward
@@ -90,7 +99,7 @@ class DFlashAttention(Qwen3Attention):
             dropout=0.0 if not self.training else self.attention_dropout,
             scaling=self.scaling,
         )
-        return self.o_proj(attn_output.reshape(batch, block_len, -1))
+        return self.o_proj(attn_output.reshape(batch, queries, -1))
 
 
 class DFlashDecoderLayer(GradientCheckpointingLayer):
@@ -103,10 +112,13 @@ class DFlashDecoderLayer(GradientCheckpointingLayer):
         self.input_layernorm = Qwen3RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.post_attention_layernorm = Qwen3RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
 
-    def forward(self, hidden_states, context, position_embeddings, attention_mask=None, cache=None):
-        hidden_states = hidden_states + self.self_attn(
-            self.input_layernorm(hidden_states), context, position_embeddings, attention_mask, cache
+    def forward(self, hidden_states, context, position_embeddings, attention_mask=None, cache=None, rows=None):
+        """`rows` (a slice, optional): compute only those block rows' outputs (`[B, len(rows), H]`); every row
+        still gives its keys and values."""
+        attended = self.self_attn(
+            self.input_layernorm(hidden_states), context, position_embeddings, attention_mask, cache, rows
         )
+        hidden_states = (hidden_states if rows is None else hidden_states[:, rows]) + attended
         return hidden_states + self.mlp(self.post_attention_layernorm(hidden_states))
 
 
@@ -153,6 +165,7 @@ class DFlashDraftModel(PreTrainedModel):
         position_ids: torch.LongTensor,
         attention_mask: torch.Tensor | None = None,
         cache: Cache | None = None,
+        rows: slice | None = None,
         **kwargs,
     ) -> BaseModelOutputWithPast:
         """Draft one block (transformers' native DFlash drafter interface).
@@ -170,6 +183,9 @@ class DFlashDraftModel(PreTrainedModel):
                 cached rows count as the positions just before the first new row's.
             cache (`Cache`, *optional*): context + block K/V are appended; cropping the block rows is the
                 caller's job.
+            rows (`slice`, *optional*): the block rows whose outputs are wanted. The last layer computes its
+                queries, attention output and MLP for those rows only (every row still gives the keys and values,
+                and the earlier layers run every row); `last_hidden_state` is then `[B, len(rows), H]`.
         Returns:
             `BaseModelOutputWithPast` with `last_hidden_state` `[B, L, H]` (final-normed block rows, in the dtype
             and on the device of `noise_embeds`), `cache`.
@@ -203,7 +219,8 @@ class DFlashDraftModel(PreTrainedModel):
         hidden_states = noise_embeds
         for layer in self.layers:
             layer_mask = windowed if layer.self_attn.sliding_window is not None else mask
-            hidden_states = layer(hidden_states, context, position_embeddings, layer_mask, cache)
+            layer_rows = rows if layer is self.layers[-1] else None  # earlier layers' rows all feed K/V
+            hidden_states = layer(hidden_states, context, position_embeddings, layer_mask, cache, layer_rows)
         hidden_states = self.norm(hidden_states).to(device=out_device, dtype=out_dtype)
         return BaseModelOutputWithPast(last_hidden_state=hidden_states, cache=cache)
 
@@ -249,20 +266,25 @@ class DFlashDraftModel(PreTrainedModel):
             position_ids (`[B|1, c + L]`): positions of the context rows, then of the block rows.
             cache: `new_cache()` or None. The new context K/V are kept; the block rows are removed again.
             num_depths (`int`, *optional*): score only q_1..q_num_depths (`[B, num_depths, V]`); the block is
-                still drafted whole, so these rows are the same as without it.
+                still drafted whole (every row's keys and values), and only the last layer's outputs that the
+                scores read are computed, so these rows are the same as without it.
             attention_mask (*optional*): as for `forward` (e.g. a 2D `[B, past + c + L]` mask, 1 = visible, for
                 rows whose cached or new context columns include padding).
         """
         depths = check_num_depths(num_depths, block_ids.shape[1] - 1)
         noise_embeds = target.get_input_embeddings()(block_ids)  # [B, L, H]
+        # The last layer's outputs and the LM head only for rows 1..depths (the depths scored), and never fewer
+        # than MATMUL_ROWS rows: a CPU matmul of fewer rows takes another kernel, whose rounding differs from the
+        # same rows' inside a larger product; from MATMUL_ROWS rows on, a row comes out the same whatever else
+        # shares its call (tests/drafter/test_draft_rows.py), so the scores equal a whole block's, bit for bit.
+        rows = slice(1, 1 + min(block_ids.shape[1] - 1, max(depths, MATMUL_ROWS)))
         block_rows = self(
-            noise_embeds, context_hidden_states, position_ids, attention_mask, cache=cache
+            noise_embeds, context_hidden_states, position_ids, attention_mask, cache=cache, rows=rows
         ).last_hidden_state
         if cache is not None:
             cache.crop(-block_ids.shape[1])  # a view: only context K/V remain, no copy
         head = target.get_output_embeddings()
-        rows = block_rows[:, 1 : 1 + depths]
-        logits = head(rows.to(device=head.weight.device, dtype=head.weight.dtype))
+        logits = head(block_rows.to(device=head.weight.device, dtype=head.weight.dtype))[:, :depths]
         cap = getattr(target.config.get_text_config(), "final_logit_softcapping", None)
         if cap:  # the target's own final soft-capping (Gemma), as its logits and the drafter's training have it
             logits = torch.tanh(logits / cap) * cap

@@ -144,7 +144,7 @@ class TreeCandidateGenerator:
         `d_i = min(L - 1, max_depths[i], budget)`.
 
         The block is always the drafter's full block `[root, MASK * (L-1)]` (it is trained on full blocks and
-        attends inside them bidirectionally); only the LM head is limited to the usable depths.
+        attends inside them bidirectionally); only the usable depths' last-layer rows and LM head are computed.
         """
         budget = self.budget if budget is None else budget
         depths = [min(self.block_size - 1, depth, budget) for depth in max_depths]
