@@ -459,5 +459,7 @@ def run_two_processes(script: str, tmp_path) -> tuple[list[dict], Path]:
     }
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(path)]
     result = subprocess.run([*command, str(out)], env=env, capture_output=True, text=True, timeout=240)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    # a failing rank's own traceback comes first in stderr, torch.distributed.run's summary of it last
+    first_traceback = result.stderr[result.stderr.find("Traceback") :][:3000] if "Traceback" in result.stderr else ""
+    assert result.returncode == 0, result.stdout[-3000:] + first_traceback + result.stderr[-3000:]
     return [json.loads((out / f"rank{rank}.json").read_text()) for rank in (0, 1)], out
