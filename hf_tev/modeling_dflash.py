@@ -73,8 +73,7 @@ class DFlashAttention(Qwen3Attention):
         cos, sin = (part[:, -block_len:] for part in position_embeddings)
         if rows is not None:
             hidden_states, cos, sin = hidden_states[:, rows], cos[:, rows], sin[:, rows]
-        queries = hidden_states.shape[1]
-        query = self.q_norm(self.q_proj(hidden_states).view(batch, queries, -1, self.head_dim)).transpose(1, 2)
+        query = self.q_norm(self.q_proj(hidden_states).unflatten(-1, (-1, self.head_dim))).transpose(1, 2)
         key = self.k_norm(self.k_proj(kv_inputs).view(batch, kv_inputs.shape[1], -1, self.head_dim)).transpose(1, 2)
         value = self.v_proj(kv_inputs).view(batch, kv_inputs.shape[1], -1, self.head_dim).transpose(1, 2)
 
@@ -99,7 +98,7 @@ class DFlashAttention(Qwen3Attention):
             dropout=0.0 if not self.training else self.attention_dropout,
             scaling=self.scaling,
         )
-        return self.o_proj(attn_output.reshape(batch, queries, -1))
+        return self.o_proj(attn_output.flatten(-2))  # [B, queries, heads * head_dim]
 
 
 class DFlashDecoderLayer(GradientCheckpointingLayer):
@@ -277,10 +276,12 @@ class DFlashDraftModel(PreTrainedModel):
         # than MATMUL_ROWS rows: a CPU matmul of fewer rows takes another kernel, whose rounding differs from the
         # same rows' inside a larger product; from MATMUL_ROWS rows on, a row comes out the same whatever else
         # shares its call (tests/drafter/test_draft_rows.py), so the scores equal a whole block's, bit for bit.
-        rows = slice(1, 1 + min(block_ids.shape[1] - 1, max(depths, MATMUL_ROWS)))
+        computed = max(depths, MATMUL_ROWS)
+        rows = slice(1, 1 + computed) if computed < block_ids.shape[1] - 1 else None  # None: the whole block
         block_rows = self(
             noise_embeds, context_hidden_states, position_ids, attention_mask, cache=cache, rows=rows
         ).last_hidden_state
+        block_rows = block_rows[:, 1:] if rows is None else block_rows  # rows 1, 2, ...
         if cache is not None:
             cache.crop(-block_ids.shape[1])  # a view: only context K/V remain, no copy
         head = target.get_output_embeddings()

@@ -62,3 +62,20 @@ def test_forward_rows_are_the_whole_blocks_rows():
             assert part.shape == whole[:, rows].shape
             torch.testing.assert_close(part, whole[:, rows])  # under MATMUL_ROWS rows the rounding may differ
             assert cache.get_seq_length() == 5 + 8
+
+
+@pytest.mark.parametrize("block_len", [1, 2, 3, 5])
+def test_short_blocks(block_len):
+    """Blocks shorter than MATMUL_ROWS + 1 rows (and the root alone, which scores nothing) give the whole block's
+    scores too."""
+    target = make_target("qwen3", num_layers=4)
+    drafter = DFlashDraftModel.from_target(target, num_layers=2, block_size=max(block_len, 2))
+    features = torch.randn(1, 3, drafter.fc.in_features, generator=torch.Generator().manual_seed(3))
+    block = torch.full((1, block_len), drafter.config.mask_token_id)
+    block[0, 0] = 5
+    positions = torch.arange(3 + block_len)[None]
+    with torch.no_grad():
+        whole = whole_block_logits(drafter, target, features, block, positions)
+        for depths in range(block_len):
+            scored = drafter.draft_logits(target, features, block, positions, drafter.new_cache(), num_depths=depths)
+            assert torch.equal(scored, whole[:, :depths])
