@@ -5,8 +5,8 @@
 A decoding cycle runs hf_tev's own work (a few dozen small torch calls and some Python) between two model
 forwards. A forward streams the model's weights through the CPU caches (the kit target: 12M parameters, 48 MB in
 float32), so the code and data of the calls that follow are cold. This measures, per call, the median time of
-each of a few small calls made in sequence right after a forward of the kit target, and the same sequence in a
-warm loop (no forward between sequences), with `time.perf_counter` (no profiler).
+each of a few small calls (torch, numpy, plain Python) made in sequence right after a forward of the kit target,
+and the same sequence in a warm loop (no forward between sequences), with `time.perf_counter` (no profiler).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import argparse
 import statistics
 import time
 
+import numpy
 import torch
 
 from hf_tev.kit import load_kit_model
@@ -22,6 +23,7 @@ from hf_tev.kit import load_kit_model
 SMALL = torch.arange(20)
 ROOT = torch.tensor([3])
 LOGITS = torch.randn(17, 4096)
+SMALL_NUMPY, ROOT_NUMPY = SMALL.numpy(), ROOT.numpy()
 
 CALLS = {
     "slice (a view)": lambda: SMALL[2:5],
@@ -29,6 +31,10 @@ CALLS = {
     "argmax of one row": lambda: LOGITS[0].argmax(),
     "empty(3)": lambda: torch.empty(3),
     "cat again": lambda: torch.cat([ROOT, SMALL[2:5]]),
+    # not torch's dispatcher alone: numpy and plain Python pay it too
+    "numpy concatenate": lambda: numpy.concatenate([ROOT_NUMPY, SMALL_NUMPY[2:5]]),
+    "numpy empty(3)": lambda: numpy.empty(3),
+    "Python: sort a small list": lambda: sorted([3, 1, 2] + [5]),
 }
 
 
