@@ -192,6 +192,8 @@ class DFlashDraftModel(PreTrainedModel):
         kwargs.pop("use_cache", None)  # the presence of `cache` decides
         if kwargs:
             raise TypeError(f"DFlashDraftModel.forward got unexpected arguments: {sorted(kwargs)}")
+        if rows is not None and not isinstance(rows, slice):
+            raise TypeError(f"DFlashDraftModel.forward(rows=...) takes a slice of rows, not {type(rows).__name__}")
         # The drafter runs in its own dtype on its own device: inputs (the target's embeddings and features) are
         # cast at the boundary, and the block rows go back in the dtype and device of `noise_embeds`, where the
         # target's LM head reads them. All no-ops when drafter and target agree.

@@ -62,6 +62,9 @@ def test_forward_rows_are_the_whole_blocks_rows():
             assert part.shape == whole[:, rows].shape
             torch.testing.assert_close(part, whole[:, rows])  # under MATMUL_ROWS rows the rounding may differ
             assert cache.get_seq_length() == 5 + 8
+        for bad in (3, [1, 2], torch.tensor([1, 2])):
+            with pytest.raises(TypeError, match=r"rows=\.\.\.\) takes a slice of rows"):
+                drafter(embeds, features, positions, rows=bad)
 
 
 @pytest.mark.parametrize("block_len", [1, 2, 3, 5])
