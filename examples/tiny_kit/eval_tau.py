@@ -60,7 +60,7 @@ def main():
                             input_ids,
                             assistant_model=drafter,
                             max_new_tokens=args.max_new_tokens,
-                            tev_config=hf_tev.TEVConfig(budget=budget),
+                            tev_config=hf_tev.TEVConfig(budget=budget, lookup=False),  # the drafter's own tau
                             return_dict_in_generate=True,
                             **sampling,
                         )

@@ -100,7 +100,7 @@ def evaluate(drafters: dict, args) -> list[dict]:
                         attention_mask=torch.ones_like(input_ids),
                         assistant_model=drafter,
                         max_new_tokens=args.max_new_tokens,
-                        tev_config=hf_tev.TEVConfig(budget=budget, seed=index),  # the same seed for every drafter
+                        tev_config=hf_tev.TEVConfig(budget=budget, seed=index, lookup=False),  # own trees, same seeds
                         return_dict_in_generate=True,
                         **sampling,
                     )

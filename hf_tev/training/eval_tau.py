@@ -1,6 +1,7 @@
 """The decoded tau of an evaluation: real tree decoding (`rollout.tree_decode`, the decoding of the Draft-OPD
-rollouts too) of the evaluation prompts with the frozen target, greedy unless `eval_tau_temperature` > 0; tau is
-the mean accepted block length (accepted drafted tokens + 1) over the decoding cycles of all processes."""
+rollouts too) of the evaluation prompts with the frozen target, greedy unless `eval_tau_temperature` > 0, with the
+drafter's trees alone (context drafts off: the tau is the drafter's own); tau is the mean accepted block length
+(accepted drafted tokens + 1) over the decoding cycles of all processes."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ def decoded_block_lengths(
     index_step: int = 1,
 ) -> list[int]:
     """Accepted block lengths (accepted draft tokens + 1, one per cycle) of real tree decoding of each prompt:
-    `target.generate(ids, assistant_model=drafter, tev_config=TEVConfig(budget=budget, seed=...))`.
+    `target.generate(ids, assistant_model=drafter, tev_config=TEVConfig(budget=budget, seed=..., lookup=False))`.
 
     Greedy at `temperature` 0; otherwise pure temperature sampling (top-k / top-p off), the draws of prompt
     `first_index + i * index_step` from a private generator seeded `seed + that index` (the global RNG is

@@ -523,6 +523,7 @@ def _tau_table(
         details += [f"step {record['step']}"] if record.get("step") is not None else []
         label = (
             f"budget {record['budget']}, {record.get('split') or 'eval_dataset'} prompts, tree decoding by the trainer"
+            " with the drafter's trees alone"
         )
         label += f" ({', '.join(details)})" if details else ""
         rows.append((label, record["temperature"], f"{float(record['tau']):.3f}"))

@@ -2,8 +2,12 @@
 decoded tau of evaluations (`eval_tau.decoded_block_lengths`) and the Draft-OPD rollouts (`opd.collect_rollouts`).
 
 It goes through the package's public route only, as a user would decode:
-`target.generate(ids, assistant_model=drafter, tev_config=TEVConfig(budget=..., seed=...),
+`target.generate(ids, assistant_model=drafter, tev_config=TEVConfig(budget=..., seed=..., lookup=False),
 return_dict_in_generate=True)`, whose `tev_stats.accepted_lengths` are the cycles' block lengths.
+
+Context drafts are off (`lookup=False`), whatever `TEVConfig`'s default: a tau that measures a drafter, and
+rollouts that train one, must be the drafter's own trees. With `lookup="auto"` greedy decoding would add
+continuations found in the text itself, and a drafter that proposes nothing would still read a tau of 4 on code.
 """
 
 from __future__ import annotations
@@ -39,8 +43,9 @@ def tree_decode(
     """Tree-decode every prompt (token ids) with `drafter` at tree `budget`, up to `max_new_tokens` new tokens.
 
     Greedy at `temperature` 0; otherwise pure temperature sampling (top-k / top-p off), prompt `i` drawing from a
-    private generator seeded `seeds[i]` (reproducible, and the global RNG is untouched). The drafter decodes in
-    eval mode, as at inference, and is given back in the mode it came in.
+    private generator seeded `seeds[i]` (reproducible, and the global RNG is untouched). Trees are the drafter's
+    alone (no context drafts). The drafter decodes in eval mode, as at inference, and is given back in the mode
+    it came in.
     """
     device = next(target.parameters()).device
     if temperature == 0:
@@ -57,7 +62,7 @@ def tree_decode(
                 input_ids,
                 attention_mask=torch.ones_like(input_ids),
                 assistant_model=drafter,
-                tev_config=TEVConfig(budget=budget, seed=int(seed)),
+                tev_config=TEVConfig(budget=budget, seed=int(seed), lookup=False),  # the drafter's own trees
                 max_new_tokens=max_new_tokens,
                 return_dict_in_generate=True,
                 pad_token_id=pad_token_id,

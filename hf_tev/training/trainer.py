@@ -24,7 +24,8 @@ SpecForge `exittrain`); every difference to earlier hf_tev versions is a knob of
     so a resumed run draws what an uninterrupted one would;
   - `evaluation_loop` / `prediction_step`: the loss on anchors drawn the same at every evaluation, then the
     decoded tau (`eval_tau`: real tree decoding, `target.generate(..., assistant_model=drafter,
-    tev_config=TEVConfig(budget=...))`, the same decoding as the Draft-OPD rollouts: `rollout.tree_decode`);
+    tev_config=TEVConfig(budget=..., lookup=False))`: the drafter's own trees, no context drafts; the same
+    decoding as the Draft-OPD rollouts: `rollout.tree_decode`);
   - `log` / `floating_point_ops`: the step metrics and FLOPs (`metrics`);
   - `_save`, `_save_rng_state` / `_load_rng_state`: the drafter alone in its published layout, and the Draft-OPD
     rollouts in checkpoints;
@@ -103,8 +104,9 @@ class ExitTrainer(Trainer):
 
     Evaluation: `eval_loss`, `eval_loss_dflash` (and the tree metrics) on anchors that are drawn the same at every
     evaluation, and `eval_tau`, the mean accepted block length (accepted draft tokens + 1) of real tree decoding
-    with the frozen target over the first `eval_tau_prompts` prompts, at `eval_tau_budget` and
-    `eval_tau_temperature` (greedy by default), with `eval_tau_cycles` (the decoding cycles it averages).
+    with the frozen target and the drafter's trees alone (context drafts off) over the first `eval_tau_prompts`
+    prompts, at `eval_tau_budget` and `eval_tau_temperature` (greedy by default), with `eval_tau_cycles` (the
+    decoding cycles it averages).
     `total_flos` counts the FLOPs of the steps (an estimate like `Trainer`'s: see `floating_point_ops`).
 
     Multi-process: launch the same script with `accelerate launch` or `torchrun` (DDP on the drafter; every

@@ -325,7 +325,7 @@ def test_evaluation_is_deterministic_and_reports_the_decoded_tau(target, tmp_pat
         output = target.generate(
             prompt,
             assistant_model=trainer.model,
-            tev_config=hf_tev.TEVConfig(budget=args.tree_budget),
+            tev_config=hf_tev.TEVConfig(budget=args.tree_budget, lookup=False),  # the drafter's own trees
             max_new_tokens=12,
             do_sample=False,
             return_dict_in_generate=True,
@@ -334,6 +334,29 @@ def test_evaluation_is_deterministic_and_reports_the_decoded_tau(target, tmp_pat
     assert fourth["eval_tau"] == pytest.approx(sum(lengths) / len(lengths)) and fourth["eval_tau_cycles"] == len(
         lengths
     )
+
+
+def test_a_fresh_drafter_reads_tau_one_whatever_the_context_drafts_default():
+    """The decoded tau of evaluations, cards and the Draft-OPD rollouts is the drafter's own: context drafts (on by
+    default for greedy decoding) would give an untrained drafter on the kit's code prompts a tau of about 4."""
+    from hf_tev.kit import load_kit_model, load_kit_tokenizer
+    from hf_tev.training.opd import collect_rollouts
+
+    target, tokenizer = load_kit_model("target"), load_kit_tokenizer()
+    drafter = DFlashDraftModel.from_target(target, block_size=8)  # random weights: it proposes nothing useful
+    text = "class Point:\n    def __init__(self, x, y):\n        self.x = x\n        self.y = y\n\n    def "
+    prompts = [tokenizer(text).input_ids]
+    lengths = decoded_block_lengths(target, drafter, prompts, budget=16, max_new_tokens=40)
+    assert sum(lengths) / len(lengths) < 1.1, lengths
+    rollout = collect_rollouts(target, drafter, prompts, 16, 0.0, 40, [0], tokenizer.pad_token_id)[0]
+    assert sum(rollout.accepted) / len(rollout.accepted) < 0.1, rollout.accepted
+    # the same call with context drafts (TEVConfig's greedy default) is far above it: the test can tell them apart
+    ids = torch.tensor(prompts)
+    out = target.generate(
+        ids, assistant_model=drafter, tev_config=hf_tev.TEVConfig(budget=16), max_new_tokens=40,
+        do_sample=False, return_dict_in_generate=True,
+    )  # fmt: skip
+    assert out.tev_stats.tau > 1.5
 
 
 def test_sampled_eval_tau_is_seeded_and_leaves_the_global_rng_alone(target):
@@ -547,7 +570,8 @@ def test_push_to_hub_uploads_published_layout_and_card(target, tmp_path, monkeyp
         "step": 2,
     }
     assert result.metric_config == "budget=6,temperature=0" and metadata.model_name == "tiny-exittrain"
-    row = f"| budget 6, eval_dataset prompts, tree decoding by the trainer (8 new tokens per prompt, {cycles} cycles,"
+    row = "| budget 6, eval_dataset prompts, tree decoding by the trainer with the drafter's trees alone"
+    row += f" (8 new tokens per prompt, {cycles} cycles,"
     assert f"{row} step 2) | 0.0 | {eval_tau:.3f} |" in card
 
     loaded = DFlashDraftModel.from_pretrained(folder)
