@@ -20,9 +20,9 @@ Plain Python (no torch, no transformers); `hf_tev.generation` feeds it measured 
 - **Choice** (`SizeRule`). While the builder pops nodes, the rule follows A_cal(n) / T(n), and the tree is cut
   to the n where it is largest. The ratio need not be unimodal (a CPU pays most for the first tree token), so
   the builder goes on until no larger tree can win (A_cal concave, T non-decreasing: a bound), at most to the
-  cycle's cap. A cycle is compared with plain decoding, 1 / T_plain: when even the best tree
-  does not pay for the drafter, the next cycles skip the drafter (their features wait, see
-  `DFlashTreeCandidateGenerator`) for 1, 2, 4, ... cycles, and drafting is tried again after each pause.
+  cycle's cap. A cycle is compared with plain decoding, 1 / T_plain: when even the best tree does not pay for
+  the drafter, the next cycles skip the drafter (their features wait, see `hf_tev.generation.candidates`) for
+  1, 2, 4, ... cycles, and drafting is tried again after each pause.
 - **Probes.** The calibration learns only from built nodes, so a node it turns down although its own Q says
   it pays is built anyway now and then (after 2, 4, 8, ... such cycles in a row): one bad start cannot switch
   speculation off for good.
@@ -37,8 +37,8 @@ import math
 import threading
 from dataclasses import dataclass, field
 
-# Bucket edges of log Q (natural log), high to low; bucket b holds log Q in (EDGES[b + 1], EDGES[b]].
 PROBE_START = 2  # declined cycles in a row before the first probe (`CostAwareBudget._probe_due`)
+# Bucket edges of log Q (natural log), high to low; bucket b holds log Q in (EDGES[b + 1], EDGES[b]].
 LOG_Q_EDGES = (0.0, -0.1, -0.25, -0.5, -0.75, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0, -9.0, -math.inf)
 
 

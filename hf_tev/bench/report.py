@@ -61,10 +61,6 @@ def _fmt(value, spec=".2f"):
     return "—" if value is None else format(value, spec)
 
 
-def _percent(fraction):
-    return "—" if fraction is None else f"{100 * fraction:.1f}%"
-
-
 def with_spread(
     value, records, field: str, spec: str = ".2f", scale: float = 1.0, unit: str = "", per: str = "per_prompt"
 ) -> str:

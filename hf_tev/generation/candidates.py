@@ -52,7 +52,6 @@ class Candidates:
     draft_s: float  # the drafter's call, for the whole batch
     build_s: list[float]  # each row's build
     predicted: list[float] | None = None  # budget="auto": each tree's predicted block length
-    drafted: list[bool] = field(default_factory=list)
 
 
 class TreeCandidateGenerator:
@@ -137,7 +136,7 @@ class TreeCandidateGenerator:
         any_drafted = any(q is not None for q in drafted)
         trees, predicted = sizes.cut(trees, rule, any_drafted, draft_s, continuations, self.rows[0].lookup_stats)
         build_s[-1] += clock.lap()
-        return Candidates(trees, draft_s, build_s, predicted, [q is not None for q in drafted])
+        return Candidates(trees, draft_s, build_s, predicted)
 
     def draft(self, roots, root_positions, max_depths, budget) -> list[torch.Tensor | None]:
         """Stage 1: each row's drafter log-probs `[d_i, V]` of depths 1..d_i (None where no depth can be used),
