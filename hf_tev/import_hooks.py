@@ -17,12 +17,13 @@ import sys
 
 
 def after_import(module_name: str, hook_module: str, hook_name: str) -> None:
-    """Call `hook_module.hook_name(module)` once `module_name` is loaded: now if it is, else right after it is."""
+    """Call `hook_module.hook_name(module)` once `module_name` is loaded (now if it is) and again every time it is
+    executed anew: an `importlib.reload` of a module loaded before hf_tev replaces what the hook put in place,
+    so the hook is kept for the module whichever was imported first."""
+    _PostImportFinder.installed().hooks.setdefault(module_name, set()).add((hook_module, hook_name))
     loaded = sys.modules.get(module_name)
     if loaded is not None:
         _run(hook_module, hook_name, loaded)
-    else:
-        _PostImportFinder.installed().hooks.setdefault(module_name, set()).add((hook_module, hook_name))
 
 
 def _run(hook_module: str, hook_name: str, module) -> None:

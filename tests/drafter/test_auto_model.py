@@ -1,6 +1,8 @@
 """transformers' auto classes on DFlash drafters: `AutoModel` builds `hf_tev.DFlashDraftModel` from a saved or
 published drafter, every other auto class refuses it by name, and every other Qwen3 config loads as before."""
 
+import json
+import shutil
 import sys
 
 import pytest
@@ -66,19 +68,63 @@ def test_every_other_qwen3_config_loads_as_before(tmp_path):
     assert bare.architectures is None and type(AutoModel.from_config(bare)) is Qwen3Model
 
 
-@pytest.mark.parametrize("order", ["hf_tev first", "transformers first"])
-def test_auto_model_knows_drafters_whichever_is_imported_first(saved_drafter, tmp_path, order):
+RELOAD_FACTORY = "import importlib, transformers.models.auto.auto_factory as af; importlib.reload(af)"
+IMPORT_ORDERS = {
+    "hf_tev first": ["import hf_tev", "from transformers import AutoModel"],
+    "transformers first": ["from transformers import AutoModel", "import hf_tev"],
+    "transformers lazily first": ["import transformers", "import hf_tev", "from transformers import AutoModel"],
+    "auto classes, hf_tev, a reload": ["from transformers import AutoModel", "import hf_tev", RELOAD_FACTORY],
+    "hf_tev, auto classes, two reloads": [
+        "import hf_tev", "from transformers import AutoModel", RELOAD_FACTORY, RELOAD_FACTORY,
+    ],
+    "hf_tev's modules reloaded too": [
+        "from transformers import AutoModel", "import hf_tev", "import importlib, hf_tev.auto_class",
+        "importlib.reload(hf_tev.import_hooks); importlib.reload(hf_tev.auto_class); importlib.reload(hf_tev)",
+        RELOAD_FACTORY,
+    ],
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("order", IMPORT_ORDERS)
+def test_auto_model_knows_drafters_in_every_import_order_and_after_reloads(saved_drafter, tmp_path, order):
+    """In a fresh process: the saved drafter loads as hf_tev's class, also when `architectures` is one name as a
+    string; a config whose architectures merely contain the name (a list or a string) is transformers' own."""
     folder, _ = saved_drafter
-    imports = ["import hf_tev", "from transformers import AutoModel"]
-    if order == "transformers first":
-        imports.reverse()
+    as_string = tmp_path / "as_string"
+    shutil.copytree(folder, as_string)
+    config = json.loads((as_string / "config.json").read_text())
+    (as_string / "config.json").write_text(json.dumps({**config, "architectures": "DFlashDraftModel"}))
     code = "\n".join(
         [
-            *imports,
-            f"model = AutoModel.from_pretrained({str(folder)!r})",
-            "import sys",
-            "assert type(model).__name__ == 'DFlashDraftModel', type(model)",
-            "assert type(model).__module__ == 'hf_tev.modeling_dflash'",
+            *IMPORT_ORDERS[order],
+            "from transformers import AutoModel, AutoModelForCausalLM, Qwen3Config",
+            f"for folder in ({str(folder)!r}, {str(as_string)!r}):",
+            "    model = AutoModel.from_pretrained(folder)",
+            "    name = type(model).__module__ + '.' + type(model).__name__",
+            "    assert name == 'hf_tev.modeling_dflash.DFlashDraftModel', (folder, name)",
+            "dims = dict(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=1,",
+            "            num_attention_heads=2, num_key_value_heads=1, head_dim=16)",
+            "for names in ('NotADFlashDraftModelAtAll', ['NotADFlashDraftModelAtAll'], 'Qwen3Model'):",
+            "    config = Qwen3Config(**dims, architectures=names)",
+            "    assert type(AutoModel.from_config(config)).__name__ == 'Qwen3Model', names",
+            "    assert type(AutoModelForCausalLM.from_config(config)).__name__ == 'Qwen3ForCausalLM', names",
+            "print('ok')",
         ]
     )
-    run_command([sys.executable, "-c", code], tmp_path)
+    assert run_command([sys.executable, "-c", code], tmp_path).stdout.strip().endswith("ok")
+
+
+def test_a_transformers_without_the_hook_point_warns_once_naming_what_no_longer_works(tmp_path):
+    code = "\n".join(
+        [
+            "import transformers.models.auto.auto_factory as af",
+            "del af._get_model_class  # a transformers whose auto classes choose their model class elsewhere",
+            "import hf_tev, hf_tev.auto_class",
+            "hf_tev.auto_class.install(af)  # a second try (e.g. after a reload) warns no more",
+            "assert not hasattr(af, '_get_model_class')",
+        ]
+    )
+    stderr = run_command([sys.executable, "-c", code], tmp_path).stderr
+    lines = [line for line in stderr.splitlines() if "_get_model_class" in line]
+    assert len(lines) == 1, stderr
+    assert "AutoModel cannot load DFlash drafters" in lines[0] and "DFlashDraftModel.from_pretrained" in lines[0]
