@@ -38,6 +38,7 @@ import torch
 
 import hf_tev
 import hf_tev.generation.loop as new_loop
+from hf_tev.bench.records import load_average
 from hf_tev.kit import kit_dir, load_kit_model, load_kit_prompts, load_kit_tokenizer
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -215,10 +216,11 @@ def main(argv=None):
     budgets = [b if b == "auto" else int(b) for b in args.budgets.split(",")]
     temperatures = [float(t) for t in args.temperatures.split(",")]
     lookups = [flag == "on" for flag in args.lookup.split(",")]
-    load = os.getloadavg()[0]
+    load = load_average()  # None where the OS has no load average
+    load = "n/a" if load is None else f"{load:.2f}"
     print(
         f"kit target + {args.drafter}, {len(prompts)} prompts x {args.max_new_tokens} tokens, torch threads "
-        f"{torch.get_num_threads()}, best of {args.repeats} per prompt, 1-min load {load:.2f} on {os.cpu_count()} cores"
+        f"{torch.get_num_threads()}, best of {args.repeats} per prompt, 1-min load {load} on {os.cpu_count()} cores"
     )
     print("ms per cycle: cycle target drafter own own% | TEVStats: draft build forward verify | tau")
     with torch.no_grad():
@@ -235,7 +237,7 @@ def main(argv=None):
                     f"tokens identical: {same}",
                     flush=True,
                 )
-    print(f"1-min load at the end {os.getloadavg()[0]:.2f}")
+    print(f"1-min load at the end {load_average()}")
 
 
 if __name__ == "__main__":

@@ -292,7 +292,7 @@ def bench(args):
         "anchors": args.anchors,
         "num_layers": args.num_layers,
         "threads": torch.get_num_threads(),
-        "load_average": os.getloadavg(),
+        "load_average": os.getloadavg() if hasattr(os, "getloadavg") else None,  # Unix only
         "results": results,
     }
     Path(args.run).mkdir(parents=True, exist_ok=True)

@@ -103,7 +103,7 @@ def machine_info(config) -> dict:
     return dict(
         cpu_count=os.cpu_count(),
         torch_threads=torch.get_num_threads(),
-        load_average=[os.getloadavg()[0]],
+        load_average=[load_average()],
         device=config.device,
         device_name=device_name or platform.machine(),
         dtype=config.dtype,
@@ -117,10 +117,18 @@ def machine_info(config) -> dict:
     )
 
 
+def load_average() -> float | None:
+    """The 1-minute load average, or None where the OS has none (`os.getloadavg` is Unix-only)."""
+    try:
+        return os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return None
+
+
 def check_load(notes: list[str]) -> None:
     """A warning when the machine is busier than its cores: timings taken now are not its own."""
-    load, cores = os.getloadavg()[0], os.cpu_count() or 1
-    if load > cores:
+    load, cores = load_average(), os.cpu_count() or 1
+    if load is not None and load > cores:
         add_warning(
             notes,
             f"machine is loaded: 1-min load average {load:.2f} > {cores} cores; timings (SR, stage times) mean little",

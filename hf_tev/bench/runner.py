@@ -14,7 +14,6 @@ method's name.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
@@ -23,7 +22,7 @@ from .config import BenchConfig, config_sampling, generation_settings, sampling_
 from .loading import BenchModels, check_sources, load_models, load_prompt_texts, tokenize_prompts
 from .measure import ForwardProbe, Job, capture_logits_processor, run_batch, run_once
 from .methods import METHODS, REFERENCE_METHOD, REFERENCE_VERIFIER
-from .records import batch_records, bench_document, check_load, machine_info, make_records
+from .records import batch_records, bench_document, check_load, load_average, machine_info, make_records
 from .replay import same_tree_verifier_stage
 from .report import BATCH_SCHEMA, SCHEMA
 
@@ -228,5 +227,5 @@ def run_bench(config: BenchConfig, models: BenchModels | None = None) -> dict:
     finally:
         session.close()
     check_load(notes)
-    machine["load_average"].append(os.getloadavg()[0])
+    machine["load_average"].append(load_average())
     return bench_document(BATCH_SCHEMA if batched else SCHEMA, config, generation, machine, notes, records)

@@ -23,12 +23,11 @@ A row is found by its token ids, so datasets can be reordered, concatenated or g
 the rows it does not hold. A cache opened with a different target (config or weights), layer ids, storage
 dtype or `max_length` is refused. Features are appended before the index names them, so an interrupted
 `update` loses at most the rows of its last flush. Updates of one folder from several processes take turns
-(a file lock, POSIX); a reader sees the rows that were cached when it opened the cache or last updated it.
+(`filelock`, on every OS); a reader sees the rows that were cached when it opened the cache or last updated it.
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
@@ -39,6 +38,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from filelock import FileLock
 from torch.nn.utils.rnn import pad_sequence
 
 from .columns import CONTEXT_FEATURES, INPUT_IDS, LOSS_MASK
@@ -329,7 +329,7 @@ class FeatureCache:
         is rewritten every `flush_rows` new rows and at the end.
         """
         self.path.mkdir(parents=True, exist_ok=True)
-        with _file_lock(self.path / LOCK_NAME):
+        with FileLock(self.path / LOCK_NAME):
             self._read_index()  # another process may have appended rows since this cache was opened
             try:
                 return self._append(rows, batch_size, max_batch_tokens, flush_rows, show_progress)
@@ -406,21 +406,6 @@ class FeatureCache:
         tmp = self.path / (INDEX_NAME + ".tmp")
         tmp.write_text(json.dumps(index, sort_keys=True))
         os.replace(tmp, self.path / INDEX_NAME)
-
-
-@contextlib.contextmanager
-def _file_lock(path: Path):
-    try:
-        import fcntl
-    except ImportError:  # not POSIX: no lock (one writer at a time is then the caller's job)
-        yield
-        return
-    with open(path, "w") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 class CachedFeatureDataset(torch.utils.data.Dataset):

@@ -37,6 +37,7 @@ def wheel(tmp_path_factory) -> Path:
     source = tmp_path_factory.mktemp("source")
     shutil.copy(REPO_ROOT / "pyproject.toml", source)
     shutil.copy(REPO_ROOT / "README.md", source)
+    shutil.copy(REPO_ROOT / "LICENSE", source)
     shutil.copytree(PACKAGE, source / "hf_tev", ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info"))
     out = tmp_path_factory.mktemp("wheel")
     result = subprocess.run(
@@ -61,6 +62,32 @@ def test_wheel_holds_every_module_and_data_file(wheel):
     modules = package_files(suffix_is_py=True)
     assert "hf_tev/training/__init__.py" in modules and "hf_tev/training/hub.py" in modules
     assert not modules - names, f"modules missing from the wheel: {sorted(modules - names)}"
+    assert "hf_tev/py.typed" in names  # PEP 561: type checkers read the package's annotations
+    (license_file,) = [n for n in names if n.endswith(".dist-info/licenses/LICENSE")]
+    assert zipfile.ZipFile(wheel).read(license_file) == (REPO_ROOT / "LICENSE").read_bytes()
+
+
+def test_the_distribution_files_agree_with_pyproject():
+    """The license the metadata names is the one shipped, the citation names the paper and the version, and the
+    changelog has an entry for this version."""
+    import yaml
+
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+
+    project = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]
+    assert project["license"] == {"text": "Apache-2.0"}
+    license_text = (REPO_ROOT / "LICENSE").read_text()
+    assert "Apache License" in license_text and "Version 2.0, January 2004" in license_text
+    assert "END OF TERMS AND CONDITIONS" in license_text  # the whole text, not a stub
+    citation = yaml.safe_load((REPO_ROOT / "CITATION.cff").read_text())
+    assert citation["cff-version"] == "1.2.0" and citation["license"] == "Apache-2.0"
+    assert citation["version"] == project["version"]
+    assert citation["preferred-citation"]["title"].startswith("Where Draft Trees Lose Target Mass")
+    assert {r["title"].split(":")[0] for r in citation["references"]} >= {"DFlash"}
+    changelog = (REPO_ROOT / "CHANGELOG.md").read_text()
+    assert f"## {project['version']}" in changelog
+    torch_floor = next(d for d in project["dependencies"] if d.startswith("torch"))
+    assert torch_floor.startswith("torch>=2.6")  # transformers 5.24 disables its torch support below 2.6
 
 
 @pytest.mark.wheel

@@ -326,3 +326,33 @@ def test_a_damaged_cache_is_refused_when_opened(target, tmp_path):
     (folder / "index.json").write_text(index)
     cache = FeatureCache(folder, target, LAYERS)
     assert len(cache) == 3 and cache.features(rows[0]["input_ids"]).shape[0] == len(rows[0]["input_ids"])
+
+
+def test_an_update_waits_while_another_process_holds_the_folders_lock(target, tmp_path, monkeypatch):
+    import subprocess
+    import sys
+    import threading
+
+    drafter = layers_drafter(target)
+    cache = FeatureCache(tmp_path / "cache", target, drafter)
+    (tmp_path / "cache").mkdir(exist_ok=True)
+    started = threading.Event()
+    real = FeatureCache._append
+    monkeypatch.setattr(FeatureCache, "_append", lambda self, *a: started.set() or real(self, *a))
+    holder = subprocess.Popen(  # another process in the middle of its own update of the folder
+        [sys.executable, "-c", "import sys; from filelock import FileLock\n"
+         f"lock = FileLock({str(tmp_path / 'cache' / features_module.LOCK_NAME)!r}); lock.acquire()\n"
+         "print('held', flush=True); sys.stdin.read()"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        added = []
+        update = threading.Thread(target=lambda: added.append(cache.update(make_rows(n=2), show_progress=False)))
+        update.start()
+        assert not started.wait(timeout=1.0)  # still waiting for the other process
+    finally:
+        holder.stdin.close()  # the other process finishes, which releases its lock
+        holder.wait(timeout=60)
+    update.join(timeout=120)
+    assert started.is_set() and added == [2]
