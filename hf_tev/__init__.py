@@ -1,23 +1,34 @@
 """hf_tev: lossless tree speculative decoding (DFlash + DDTree trees + Tree Exit Verification) for transformers.
 
 `import hf_tev` routes `model.generate(..., assistant_model=drafter, tev_config=hf_tev.TEVConfig(...))` into
-the tree decoder (`hf_tev.route`); `hf_tev.disable()` / `hf_tev.enable()` remove and restore that route.
+the tree decoder (`hf_tev.route`); `hf_tev.disable()` / `hf_tev.enable()` remove and restore that route. It also
+lets `AutoModel` load saved drafters (`hf_tev.auto_class`) and reads a generation config's `tev_config` back as a
+`TEVConfig` (`hf_tev.config.TEVConfigField`).
+
+With `HF_TEV_NO_PATCH=1` (or true / yes / on) in the environment before the import, hf_tev changes nothing in
+transformers: no route, no `AutoModel` entry, no generation-config field. Tree decoding is then bound to one
+model at a time, `hf_tev.bind(target, drafter)` (`hf_tev.binding`), or asked for with `hf_tev.enable()`.
 
 Names load on first use: importing `hf_tev` (or its algorithm core `hf_tev.tree`, `hf_tev.verify`,
 `hf_tev.exit_loss`) does not import transformers; the route is installed when transformers is loaded.
 """
 
 import importlib
-import logging
+import os
 
 from ._version import __version__
 from .auto_class import AUTO_FACTORY
+from .binding import bind, is_bound, unbind
 from .import_hooks import after_import
+from .logs import configure_logging
 from .route import disable, enable, is_enabled
 
-# hf_tev's loggers (`transformers.utils.logging.get_logger(__name__)`) answer to transformers' library logger: its
-# verbosity (`transformers.logging.set_verbosity_error()`, TRANSFORMERS_VERBOSITY) and its handler.
-logging.getLogger(__name__).parent = logging.getLogger("transformers")
+# The environment variable that makes `import hf_tev` change nothing in transformers (see above).
+NO_PATCH_VARIABLE = "HF_TEV_NO_PATCH"
+GENERATION_CONFIG_MODULE = "transformers.generation.configuration_utils"  # hf_tev.config loads with it (torch)
+
+# hf_tev's log lines print as `[hf_tev] ...`, at transformers' verbosity (`hf_tev.logs`).
+configure_logging()
 
 __all__ = [
     "DFlashConfig",
@@ -34,13 +45,16 @@ __all__ = [
     "TREE_BUILDERS",
     "VERIFIERS",
     "__version__",
+    "bind",
     "build_tree",
     "disable",
     "enable",
     "generate_training_data",
+    "is_bound",
     "is_enabled",
     "target_flow",
     "tree_speculative_decode",
+    "unbind",
 ]
 
 # Public name -> the module that defines it (imported on first access).
@@ -77,5 +91,12 @@ def __dir__():
     return sorted(set(globals()) | set(__all__))
 
 
-enable()
-after_import(AUTO_FACTORY, f"{__name__}.auto_class", "install")  # AutoModel loads saved drafters
+def patches_wanted() -> bool:
+    """Whether `import hf_tev` may change transformers: not when `HF_TEV_NO_PATCH` is 1, true, yes or on."""
+    return os.environ.get(NO_PATCH_VARIABLE, "").strip().lower() not in ("1", "true", "yes", "on")
+
+
+if patches_wanted():
+    enable()
+    after_import(AUTO_FACTORY, f"{__name__}.auto_class", "install")  # AutoModel loads saved drafters
+    after_import(GENERATION_CONFIG_MODULE, f"{__name__}.config", "install_generation_config_field")

@@ -6,6 +6,7 @@ Plain Python: importing this module does not import transformers.
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -157,7 +158,8 @@ class TEVConfig:
 
     def attach_to(self, generation_config):
         """Store this config as `generation_config.tev_config`, so that it is saved to and loaded from
-        `generation_config.json` (as a dict of its fields) and used by every `generate` call with a DFlash drafter.
+        `generation_config.json` (as a dict of its fields, read back as a `TEVConfig`) and used by every
+        `generate` call with a DFlash drafter.
 
         A plain `generation_config.tev_config = config` works too, on a fresh `GenerationConfig(...)`; a
         generation config transformers derived from the model config (`_from_model_config=True`, e.g. the
@@ -192,6 +194,51 @@ class TEVConfig:
                 raise ValueError(f"tev_config has unknown fields {unknown}; TEVConfig fields are {sorted(known)}")
             return cls(**value)
         raise TypeError(f"`tev_config` must be an hf_tev.TEVConfig or a dict of its fields, got {type(value).__name__}")
+
+
+FIELD_NAME = "tev_config"
+
+
+class TEVConfigField:
+    """`GenerationConfig.tev_config` read back as a `TEVConfig`.
+
+    transformers saves an unknown generation-config field to `generation_config.json` and sets it again, as read,
+    when the config is loaded: a `TEVConfig` would come back a plain dict. This data descriptor (put on
+    `GenerationConfig` when transformers loads, unless `HF_TEV_NO_PATCH` is set) turns a dict of `TEVConfig`
+    fields into a `TEVConfig` as it is set; anything else is stored as given (a dict that is no valid
+    `TEVConfig`, say of a newer hf_tev, with a logged warning: the route refuses it by name when a call uses it,
+    and the config still loads). A config that never set the field has no such attribute, as before, so
+    transformers' own `hasattr` checks see no difference."""
+
+    def __get__(self, instance, owner=None):
+        if instance is None:
+            return self
+        try:
+            return vars(instance)[FIELD_NAME]
+        except KeyError:
+            raise AttributeError(f"{type(instance).__name__!r} object has no attribute {FIELD_NAME!r}") from None
+
+    def __set__(self, instance, value):
+        if isinstance(value, Mapping):
+            try:
+                value = TEVConfig.coerce(value)
+            except (TypeError, ValueError) as error:
+                logging.getLogger(__name__).warning("generation config `tev_config` kept as a dict: %s", error)
+        vars(instance)[FIELD_NAME] = value
+
+    def __delete__(self, instance):
+        if FIELD_NAME not in vars(instance):
+            raise AttributeError(FIELD_NAME)
+        del vars(instance)[FIELD_NAME]
+
+
+def install_generation_config_field(configuration_utils) -> None:
+    """Put `TEVConfigField` on `configuration_utils.GenerationConfig` (once; a `tev_config` transformers itself
+    might define one day is left alone)."""
+    config_class = configuration_utils.GenerationConfig
+    existing = vars(config_class).get(FIELD_NAME)
+    if existing is None or type(existing).__qualname__ == TEVConfigField.__qualname__:  # ours, maybe reloaded
+        setattr(config_class, FIELD_NAME, TEVConfigField())
 
 
 def tree_memory_bytes(nodes: int, vocab_size: int, max_length: int, dtype_bytes: int) -> int:

@@ -136,9 +136,10 @@ class Collect(BaseStreamer):
 
 @contextlib.contextmanager
 def transformers_log():
-    """The messages logged through transformers' logging inside the block (hf_tev's loggers are under it), as
-    its verbosity lets them through. `warning_once` forgets what it said before, so each once-per-process warning
-    shows again in the block."""
+    """The messages logged by transformers' and hf_tev's loggers inside the block, as transformers' verbosity lets
+    them through (hf_tev's logger takes its level from transformers' and prints with its own handler,
+    `hf_tev.logs`). `warning_once` forgets what it said before, so each once-per-process warning shows again in
+    the block."""
     import logging
 
     from transformers.utils import logging as transformers_logging
@@ -146,13 +147,15 @@ def transformers_log():
     messages = []
     handler = logging.Handler()
     handler.emit = lambda record: messages.append(record.getMessage())
-    library = transformers_logging.get_logger("transformers")
+    libraries = [transformers_logging.get_logger("transformers"), logging.getLogger("hf_tev")]
     transformers_logging.warning_once.cache_clear()
-    library.addHandler(handler)
+    for library in libraries:
+        library.addHandler(handler)
     try:
         yield messages
     finally:
-        library.removeHandler(handler)
+        for library in libraries:
+            library.removeHandler(handler)
 
 
 # Sampling laws: the exact law of a target's own sampling, and a test of observed counts against it

@@ -361,12 +361,16 @@ def test_up_front_checks_fail_before_any_model_is_loaded(case, message, tmp_path
 
 @pytest.fixture
 def bench_log(caplog):
-    """caplog of transformers' loggers (which do not propagate by default), at WARNING."""
+    """caplog of transformers' and hf_tev's loggers (which do not propagate by default), at WARNING."""
+    import logging as std_logging
+
     from transformers.utils import logging
 
     logging.enable_propagation()
     caplog.set_level("WARNING")
+    std_logging.getLogger("hf_tev").addHandler(caplog.handler)
     yield caplog
+    std_logging.getLogger("hf_tev").removeHandler(caplog.handler)
     logging.disable_propagation()
 
 

@@ -199,7 +199,8 @@ def test_tev_config_in_a_generation_config_round_trip(tmp_path, form):
     fresh = GenerationConfig(do_sample=False, max_new_tokens=12, tev_config=tev)
     fresh.save_pretrained(tmp_path / "fresh")
     loaded = GenerationConfig.from_pretrained(tmp_path / "fresh")
-    assert TEVConfig.coerce(loaded.tev_config) == TEVConfig(budget=3, verifier="predraw")
+    current = importlib.import_module("hf_tev.config").TEVConfig  # (a test above reloads the module)
+    assert loaded.tev_config == current(budget=3, verifier="predraw")  # a TEVConfig, from either form
     out = target.generate(PROMPT, generation_config=loaded, assistant_model=drafter, return_dict_in_generate=True)
     assert out.sequences.tolist() == expected.tolist() and max(out.tev_stats.tree_sizes) <= 3
     # the model's own generation config (derived from its config: transformers would drop an unknown field)
@@ -207,7 +208,7 @@ def test_tev_config_in_a_generation_config_round_trip(tmp_path, form):
     TEVConfig(budget=2).attach_to(target.generation_config)
     target.save_pretrained(tmp_path / "model")
     reloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "model", attn_implementation="sdpa")
-    assert reloaded.generation_config.tev_config == TEVConfig(budget=2).to_dict()
+    assert reloaded.generation_config.tev_config == current(budget=2)  # read back as a TEVConfig
     out = reloaded.generate(
         PROMPT, do_sample=False, max_new_tokens=12, assistant_model=drafter, return_dict_in_generate=True
     )
