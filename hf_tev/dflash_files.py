@@ -1,6 +1,7 @@
 """The files of a DFlash drafter checkpoint (docs/usage.md#drafters): which safetensors files
 `DFlashDraftModel.from_pretrained` loads, from a local folder or the Hub, refusing before transformers sees them
-what cannot be loaded strictly (pickle weights, a broken index, non-float tensors). Hub errors (offline mode, a
+what cannot be loaded strictly (pickle weights, a broken index, non-float tensors, a model's checkpoint where a
+drafter's was meant). Hub errors (offline mode, a
 gated or missing repo, a missing file) are transformers' own, with what the file was needed for added.
 """
 
@@ -10,6 +11,8 @@ import os
 from huggingface_hub import try_to_load_from_cache
 from huggingface_hub.utils import HFValidationError, validate_repo_id
 from transformers.utils import cached_file
+
+from .auto_class import DRAFTER_ARCHITECTURE
 
 SAFE_WEIGHTS_NAME, SAFE_INDEX_NAME = "model.safetensors", "model.safetensors.index.json"
 PICKLE_WEIGHTS_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
@@ -34,6 +37,47 @@ def safetensors_files(path, kwargs) -> list[str]:
     return _hub_safetensors_files(path, kwargs)
 
 
+DRAFTER_FIELDS = ("dflash_config", "target_layer_ids", "num_target_layers")  # what only a drafter's config has
+CAUSAL_LM_SUFFIXES = ("ForCausalLM", "ForConditionalGeneration", "LMHeadModel")
+
+
+def config_architectures(config: dict) -> list[str]:
+    """The names in a `config.json`'s `architectures`: a list of names, or one name as a string."""
+    names = config.get("architectures") or []
+    return [names] if isinstance(names, str) else [name for name in names if isinstance(name, str)]
+
+
+def is_drafter_config_dict(config: dict) -> bool:
+    """Whether a `config.json` is a DFlash drafter's: it names `DFlashDraftModel`, or has a drafter's fields."""
+    return DRAFTER_ARCHITECTURE in config_architectures(config) or any(key in config for key in DRAFTER_FIELDS)
+
+
+def model_not_drafter(config: dict) -> str | None:
+    """What a `config.json` that names a model, not a DFlash drafter, is ("a causal LM (Qwen3ForCausalLM)"); None
+    for a drafter's config and for one that names no architecture."""
+    names = config_architectures(config)
+    if not names or is_drafter_config_dict(config):
+        return None
+    kind = "a causal LM" if any(name.endswith(CAUSAL_LM_SUFFIXES) for name in names) else "a model"
+    return f"{kind} ({', '.join(names)})"
+
+
+def _check_is_drafter(config_file: str, where: str) -> None:
+    """Refuse a checkpoint whose `config.json` is a model's (a target passed as the drafter), naming it."""
+    try:
+        with open(config_file, encoding="utf-8") as f:
+            config = json.load(f)
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise ValueError(f"{where}: config.json ({config_file}) is not valid JSON: {error}") from None
+    what = model_not_drafter(config) if isinstance(config, dict) else None
+    if what is not None:
+        raise ValueError(
+            f"{where} is {what}, not a DFlash drafter (its config.json names no {DRAFTER_ARCHITECTURE} and has no "
+            "dflash_config): load it as the target (AutoModelForCausalLM.from_pretrained) and pass the drafter made "
+            "for it as assistant_model=, or build a fresh one with DFlashDraftModel.from_target(target)"
+        )
+
+
 def _folder_safetensors_files(path: str, subfolder: str) -> list[str]:
     """A local checkpoint folder's safetensors weight files (its `subfolder`), refusing pickle weights."""
     folder = os.path.join(path, subfolder) if subfolder else path
@@ -44,6 +88,7 @@ def _folder_safetensors_files(path: str, subfolder: str) -> list[str]:
             f"{folder} has no config.json: not a saved DFlash drafter (save_pretrained writes config.json "
             "next to model.safetensors)"
         )
+    _check_is_drafter(os.path.join(folder, "config.json"), folder)
     if os.path.isfile(os.path.join(folder, SAFE_WEIGHTS_NAME)):
         return [os.path.join(folder, SAFE_WEIGHTS_NAME)]
     if os.path.isfile(os.path.join(folder, SAFE_INDEX_NAME)):
@@ -81,8 +126,10 @@ def _hub_safetensors_files(path: str, kwargs) -> list[str]:
                 return None
             raise OSError(f"{error}\nDFlashDraftModel.from_pretrained({path!r}) needs {name}: {needed_for}.") from error
 
-    if fetch("config.json", "the drafter's configuration") is None:  # transformers returns None for it alone
+    config_file = fetch("config.json", "the drafter's configuration")
+    if config_file is None:  # transformers returns None for it alone
         raise OSError(f"{path} has no config.json: not a DFlash drafter checkpoint")
+    _check_is_drafter(config_file, path)
     weights = "the drafter's weights (or model.safetensors.index.json for sharded weights)"
     single = fetch(SAFE_WEIGHTS_NAME, weights, optional=True)
     if single is not None:

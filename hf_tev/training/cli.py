@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .inputs import PROMPT_COLUMNS, check_model_source, read_prompts, read_rows
+from .inputs import PROMPT_COLUMNS, check_model_roles, check_model_source, read_prompts, read_rows
 from .script_args import ExitScriptArguments, build_parser, parse_args, read_config
 
 __all__ = [
@@ -108,6 +108,7 @@ def prepare(script: ExitScriptArguments, args) -> Sources:
     check_model_source("--target", script.target, script.allow_pickle_target, PICKLE_TARGET_HINT)
     if script.drafter is not None:
         check_model_source("--drafter", script.drafter, False, PICKLE_DRAFTER_HINT)
+    check_model_roles(script.target, script.drafter)  # a target given as the drafter (trl's habit), or the reverse
     resume = resume_checkpoint(args)
     sources = read_sources(script, resume)
     if args.push_to_hub and args.process_index == 0:

@@ -160,3 +160,40 @@ def check_model_source(option: str, name: str, allow_pickle: bool, pickle_hint: 
     pickles = sorted(f for f in files if f.startswith(PICKLE_PREFIX) and (f.endswith(".bin") or f.endswith(".json")))
     if pickles and not safetensors and not allow_pickle:
         raise ValueError(f"{option} {name} holds only pickle weights ({', '.join(pickles)}); {pickle_hint}")
+
+
+DRAFTER_OPTION = "--drafter (trl's --model_name_or_path)"
+
+
+def check_model_roles(target: str, drafter: str | None) -> None:
+    """Refuse a local folder passed in the other's place, before any model is loaded: a causal LM as the drafter
+    (trl's habit: `--model_name_or_path` names the model trained, here the drafter) or a DFlash drafter as the
+    target. A Hub id is checked by the loader (`DFlashDraftModel.from_pretrained` names a causal LM too)."""
+    from ..dflash_files import is_drafter_config_dict, model_not_drafter
+
+    if drafter is not None:
+        config = _local_config(drafter)
+        what = None if config is None else model_not_drafter(config)
+        if what is not None:
+            raise ValueError(
+                f"{DRAFTER_OPTION} {drafter} is {what}, not a DFlash drafter; pass it as --target (the model the "
+                "drafter is trained for), and --drafter a DFlash drafter checkpoint or nothing (a fresh drafter)"
+            )
+    config = _local_config(target)
+    if config is not None and is_drafter_config_dict(config):
+        raise ValueError(
+            f"--target {target} is a DFlash drafter, not a causal LM; pass it as {DRAFTER_OPTION}, and as --target "
+            "the model it drafts for"
+        )
+
+
+def _local_config(name: str) -> dict | None:
+    """The `config.json` of a local model folder as a dict (None for a Hub id or a folder without one)."""
+    file = Path(name).expanduser() / "config.json"
+    if not file.is_file():
+        return None
+    try:
+        config = json.loads(file.read_bytes().decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ValueError(f"{file} is not valid JSON ({error}): not a saved model's config") from None
+    return config if isinstance(config, dict) else None

@@ -11,7 +11,8 @@ Arguments: `ExitScriptArguments` (target, drafter, data, model card) and every f
 (the ExitTrain knobs and `transformers.TrainingArguments`), parsed by `transformers.HfArgumentParser`. Both flag
 spellings work (`--eval_size`, `--eval-size`); trl's names are aliases: `--model_name_or_path` (the drafter, the
 model trained), `--teacher_model_name_or_path` (the target), `--dataset_name`, `--dataset_config`,
-`--dataset_train_split` (the prompts).
+`--dataset_train_split` (the prompts). One argument given under two names (`--drafter A --model_name_or_path B`) is
+refused, naming both.
 
 What it does, in order:
   1. checks what needs no model: the target and drafter folders (safetensors weights; `--allow_pickle_target`
@@ -41,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import sys
 from collections.abc import Sequence
@@ -250,7 +252,44 @@ def build_parser(prog: str = "hf-tev train"):
         ("training options", "transformers.TrainingArguments, inherited by ExitTrainingArguments.", inherited),
     ]
     _group_options(parser, sections)
+    _record_given_names(parser)
     return parser
+
+
+def _canonical(option: str) -> str:
+    """An option's name without dashes, `-` read as `_`: both spellings of a name are one name."""
+    return option.lstrip("-").replace("-", "_")
+
+
+def _record_given_names(parser) -> None:
+    """Make every option that has aliases (`--drafter` / `--model_name_or_path`) record the names it is given under
+    (`action.given_names`, abbreviations resolved by argparse), so that `parse_args` can refuse two of them."""
+    for action in parser._actions:
+        if len({_canonical(option) for option in action.option_strings}) > 1:
+            action.__class__ = _recording(type(action))
+            action.given_names = []
+
+
+@functools.cache
+def _recording(action_class):
+    """`action_class` whose calls record the option name they were given under."""
+
+    def call(self, parser, namespace, values, option_string=None):
+        if option_string is not None:
+            self.given_names.append(_canonical(option_string))
+        return action_class.__call__(self, parser, namespace, values, option_string)
+
+    return type(action_class.__name__, (action_class,), {"__call__": call})
+
+
+def refuse_aliases_given_twice(parser) -> None:
+    """A ValueError naming both when one argument was given under two of its names (`--drafter A
+    --model_name_or_path B`): argparse would keep the last and drop the other without a word."""
+    for action in parser._actions:
+        names = list(dict.fromkeys(getattr(action, "given_names", ())))
+        if len(names) > 1:
+            given = " and ".join(f"--{name}" for name in names)
+            raise ValueError(f"{given} are two names of one argument ({action.dest}) and were both given; give it once")
 
 
 def _field_names(dataclass_type) -> set[str]:
@@ -298,6 +337,7 @@ def parse_args(argv: Sequence[str] | None = None, prog: str = "hf-tev train"):
             if action.dest in values:
                 action.required = False
     script_args, training_args = parser.parse_args_into_dataclasses(args=argv, look_for_args_file=False)
+    refuse_aliases_given_twice(parser)
     return script_args, training_args
 
 

@@ -12,6 +12,7 @@ from helpers import KIT_ROWS
 from safetensors.torch import load_file
 
 from hf_tev.kit import kit_path
+from hf_tev.modeling_dflash import DFlashDraftModel
 from hf_tev.training import cli
 
 # ---------------------------------------------------------------------------------------------
@@ -129,7 +130,9 @@ def test_broken_prompt_and_config_files_are_named(tmp_path, capsys, no_model):
 
 @pytest.mark.parametrize("option", ["--target", "--drafter", "--teacher_model_name_or_path", "--model_name_or_path"])
 def test_a_missing_model_folder_is_named(option, tmp_path, capsys, no_model):
-    argv = ["--target", str(kit_path("target")), "--train_data", str(KIT_ROWS), "--output_dir", str(tmp_path / "o")]
+    argv = ["--train_data", str(KIT_ROWS), "--output_dir", str(tmp_path / "o")]
+    if option in ("--drafter", "--model_name_or_path"):
+        argv += ["--target", str(kit_path("target"))]
     missing = tmp_path / "no-such-model"
     error = one_line_error(capsys, [*argv, option, str(missing)])
     shown = "--target" if "teacher" in option or option == "--target" else "--drafter"
@@ -141,6 +144,42 @@ def test_a_missing_model_folder_is_named(option, tmp_path, capsys, no_model):
     assert "has no config.json: not a saved model folder" in one_line_error(
         capsys, [*argv, option, str(tmp_path / "empty")]
     )
+
+
+TWO_NAMES = [
+    ("--drafter", "--model_name_or_path"),
+    ("--model-name-or-path", "--drafter"),
+    ("--target", "--teacher_model_name_or_path"),
+    ("--dataset_name", "--prompts"),
+    ("--prompts_split", "--dataset-train-split"),
+]
+
+
+@pytest.mark.parametrize("first, second", TWO_NAMES)
+def test_an_argument_given_under_two_names_is_refused_naming_both(first, second, tmp_path, capsys, no_model):
+    """argparse keeps the last of two aliases and drops the other without a word: hf-tev train refuses them."""
+    given = {"--target": "t", "--prompts": "p.jsonl"}
+    argv = [text for key, value in given.items() for text in (key, value) if key not in (first, second)]
+    argv = [*argv, first, "a", second, "b", "--output_dir", str(tmp_path / "o")]
+    error = one_line_error(capsys, argv)
+    named = [name.replace("-", "_").lstrip("_") for name in (first, second)]
+    assert f"--{named[0]} and --{named[1]} are two names of one argument" in error and "give it once" in error
+    # one name given twice is argparse's usual last-wins
+    script, _ = cli.parse_args([*argv[:-6], first, "a", first, "b", "--output_dir", str(tmp_path / "o")])
+    assert "b" in (script.drafter, script.target, script.prompts, script.prompts_split)
+
+
+def test_a_model_passed_in_the_other_ones_place_is_named_as_such(tmp_path, capsys, no_model):
+    target, drafter = str(kit_path("target")), str(kit_path("drafter-dflash"))
+    argv = ["--train_data", str(KIT_ROWS), "--output_dir", str(tmp_path / "o")]
+    for option in ("--model_name_or_path", "--drafter"):  # trl's habit: the name means the model trained
+        error = one_line_error(capsys, [*argv, "--target", target, option, target])
+        assert f"{target} is a causal LM (Qwen3ForCausalLM), not a DFlash drafter; pass it as --target" in error
+    error = one_line_error(capsys, [*argv, "--target", drafter])
+    assert f"--target {drafter} is a DFlash drafter, not a causal LM; pass it as --drafter" in error
+    # the loader itself names a causal LM given as a drafter (a Hub id reaches it)
+    with pytest.raises(ValueError, match=r"is a causal LM \(Qwen3ForCausalLM\), not a DFlash drafter.*as the target"):
+        DFlashDraftModel.from_pretrained(target)
 
 
 # ---------------------------------------------------------------------------------------------
