@@ -72,6 +72,23 @@ def default_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> l
     return [int(round(1 + i * span / (num_draft_layers - 1))) for i in range(num_draft_layers)]
 
 
+def drafter_mlp_width(text_config, dense_width: int | None) -> int:
+    """A fresh drafter's MLP width (`intermediate_size`): the target's dense `dense_width` when it has one, else,
+    for a target whose every layer is a mixture of experts (Qwen3.5-MoE has no `intermediate_size`), the width of
+    the expert MLPs a token runs through: `num_experts_per_tok * moe_intermediate_size +
+    shared_expert_intermediate_size`."""
+    if dense_width is not None:
+        return dense_width
+    expert = getattr(text_config, "moe_intermediate_size", None)
+    if expert is None:
+        raise ValueError(
+            f"{type(text_config).__name__} has neither intermediate_size nor moe_intermediate_size: a fresh drafter "
+            "cannot take its MLP width from this target"
+        )
+    routed = getattr(text_config, "num_experts_per_tok", None) or 1
+    return routed * expert + (getattr(text_config, "shared_expert_intermediate_size", None) or 0)
+
+
 @strict
 class DFlashConfig(Qwen3Config):
     r"""

@@ -37,7 +37,7 @@ from transformers.models.qwen3.modeling_qwen3 import (
 )
 from transformers.utils.deprecation import deprecate_kwarg
 
-from .configuration_dflash import DFlashConfig, default_target_layer_ids
+from .configuration_dflash import DFlashConfig, default_target_layer_ids, drafter_mlp_width
 from .dflash_files import check_tensor_dtypes, safetensors_files
 
 NOT_AN_ASSISTANT = (
@@ -349,7 +349,8 @@ class DFlashDraftModel(PreTrainedModel):
         """A freshly initialised drafter sized for `target` (same dtype and device, eval mode like
         `from_pretrained`).
 
-        Hidden size, heads, head_dim, KV heads, intermediate size, activation, rope parameters, rms eps and
+        Hidden size, heads, head_dim, KV heads, intermediate size (for a mixture-of-experts target without one,
+        the experts' width per token: `drafter_mlp_width`), activation, rope parameters, rms eps and
         vocabulary are the target's. Without `target_layer_ids` (which target layers' outputs the drafter
         reads, any number of them), the default rule picks them. Without `mask_token_id`, the mask token is
         `default_mask_token_id(target.config)`. `layer_types` (`"full_attention"` or `"sliding_attention"` per
@@ -362,7 +363,7 @@ class DFlashDraftModel(PreTrainedModel):
         config = DFlashConfig(
             vocab_size=target.get_output_embeddings().weight.shape[0],
             hidden_size=tc.hidden_size,
-            intermediate_size=_base_attribute(tc, "intermediate_size"),
+            intermediate_size=drafter_mlp_width(tc, _base_attribute(tc, "intermediate_size")),  # MoE: experts
             num_hidden_layers=num_layers,
             num_attention_heads=heads,
             num_key_value_heads=_base_attribute(tc, "num_key_value_heads") or heads,

@@ -5,6 +5,8 @@ the tree's ancestor mask); the commit keeps the accepted path's recurrent state 
 deeper than the conv window (kernel 4), so a deep node's window holds ancestors only, and a shallow one's reaches
 back before the root."""
 
+import json
+
 import pytest
 import torch
 from helpers import (
@@ -50,6 +52,8 @@ def make_hybrid_target(family: str, vocab_size: int = 96, num_layers: int = 4, s
     )
     if family in ("qwen3_5_moe_text", "qwen3_next"):
         text |= dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=32)
+    if family == "qwen3_5_moe_text":
+        text.pop("intermediate_size")  # as its config class makes it: experts only, no dense MLP width
     if family == "qwen3_5":
         from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration
 
@@ -341,6 +345,27 @@ def test_the_drafter_from_target_saves_and_loads(tmp_path):
     expected = target.generate(prompt, do_sample=False, max_new_tokens=10)
     out = target.generate(prompt, do_sample=False, max_new_tokens=10, assistant_model=loaded, tev_config=TEVConfig())
     assert out.tolist() == expected.tolist()
+
+
+def test_a_qwen3_5_moe_target_gets_a_fresh_drafter_and_trains_one_from_its_saved_folder(tmp_path):
+    """Qwen3.5-MoE's config has no dense `intermediate_size`: a fresh drafter's MLP is as wide as the experts a token
+    runs through (2 of 32, plus the shared 32), from `from_target` and from `hf-tev train --target <folder>`."""
+    from helpers import small_run_flags
+
+    from hf_tev.training import cli
+
+    target = make_hybrid_target("qwen3_5_moe_text")
+    assert not hasattr(target.config, "intermediate_size")
+    assert DFlashDraftModel.from_target(target).config.intermediate_size == 2 * 32 + 32
+    target.save_pretrained(tmp_path / "target")
+    generator = torch.Generator().manual_seed(0)
+    rows = [{"input_ids": torch.randint(3, 96, (24,), generator=generator).tolist(), "prompt_length": 8}] * 4
+    (tmp_path / "rows.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    argv = ["--target", str(tmp_path / "target"), "--train_data", str(tmp_path / "rows.jsonl")]
+    argv += ["--output_dir", str(tmp_path / "out"), *small_run_flags(max_steps=1, eval_tau_prompts=None)]
+    trainer = cli.run(*cli.parse_args(argv))
+    assert trainer.state.global_step == 1 and (tmp_path / "out" / "model.safetensors").is_file()
+    assert DFlashDraftModel.from_pretrained(tmp_path / "out").config.intermediate_size == 96
 
 
 def test_multimodal_rope_positions_of_a_text_prompt_become_its_text_positions():
