@@ -72,7 +72,7 @@ def tree_pass_curve(target, context: int, max_tokens: int, repeats: int) -> dict
     """Seconds of a tree pass over n tokens (a chain: the cost does not depend on the shape) after `context`."""
     from transformers import DynamicCache
 
-    from hf_tev.tree import TreeInputs, chain_tree
+    from hf_tev.tree import TreeInputs, build_chain
 
     device = target.device
     prompt = torch.randint(0, target.config.vocab_size, (1, context), device=device)
@@ -82,7 +82,7 @@ def tree_pass_curve(target, context: int, max_tokens: int, repeats: int) -> dict
     sizes = [1 << i for i in range(max_tokens.bit_length()) if (1 << i) <= max_tokens]
     seconds = []
     for size in sizes:
-        chain = chain_tree(torch.zeros(size - 1, 1, device=device), size - 1, torch.tensor(1, device=device))
+        chain = build_chain(torch.zeros(size - 1, 1, device=device), size - 1, torch.tensor(1, device=device))
         mask, positions = inputs(chain, context, context)
         times = []
         for _ in range(repeats + 1):  # the first is a warm-up

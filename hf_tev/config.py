@@ -1,4 +1,5 @@
-"""`TEVConfig` (how a `generate` call decodes with trees) and `TEVStats` (what one call measured).
+"""`TEVConfig` (how a `generate` call decodes with trees), `TEVStats` (what one call measured) and
+`temperature_sampling` (`generate`'s arguments of pure temperature sampling).
 
 Plain Python: importing this module does not import transformers.
 """
@@ -326,3 +327,12 @@ class TEVStats:
             "prefill_s": self.prefill_time,
             "predicted_tau": mean(self.predicted_lengths) if self.predicted_lengths else None,
         }
+
+
+def temperature_sampling(temperature: float) -> dict:
+    """`generate`'s keyword arguments of pure temperature sampling at `temperature`: greedy at 0, else
+    `do_sample=True` with top-k and top-p off (`top_k=0`, `top_p=1.0`), whatever the model's generation config
+    sets. The bench, Draft-OPD's rollouts and `hf-tev train`'s response generation sample this way."""
+    if temperature == 0:
+        return {"do_sample": False}
+    return {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0}

@@ -79,10 +79,10 @@ def wants_tree_decoding(model, kwargs: dict) -> bool:
         return True
     if custom is not None or not getattr(kwargs.get("assistant_model"), "_hf_tev_drafter", False):
         return False
-    return generation_setting(model, kwargs, "speculation_type") != "dflash"
+    return resolved_option(model, kwargs, "speculation_type") != "dflash"
 
 
-def generation_setting(model, kwargs: dict, name: str):
+def resolved_option(model, kwargs: dict, name: str):
     """The value of generate option `name` for a call, as generate resolves it: the keyword argument, else the
     passed `generation_config`'s, else the model's `generation_config`'s (None when unset everywhere)."""
     if kwargs.get(name) is not None:
@@ -109,7 +109,7 @@ def routed_generate(original, model, *args, **kwargs):
 
     tev_config = kwargs.pop("tev_config", None)
     if tev_config is None:
-        tev_config = generation_setting(model, kwargs, "tev_config")
+        tev_config = resolved_option(model, kwargs, "tev_config")
     custom = kwargs.pop("custom_generate", None)
     if custom is not None and not getattr(custom, "_hf_tev_decode", False):
         raise ValueError("`tev_config` and `custom_generate` cannot be combined.")
@@ -153,7 +153,7 @@ def _refuse_before_generate(model, kwargs: dict) -> None:
     from .generation.checks import refusal
 
     for name, refused, what in _REFUSED_ARGUMENTS:
-        value = generation_setting(model, kwargs, name)
+        value = resolved_option(model, kwargs, name)
         if refused(value):
             raise refusal(name, value, what)
 
@@ -169,7 +169,7 @@ def _prompt_ids(args: tuple, kwargs: dict):
 def _heal_tokens(model, args: tuple, kwargs: dict) -> tuple:
     """`token_healing` done here, as generate would (the callable route loses the tokenizer it needs); returns
     `args` with the healed prompt, and turns the option off for the call handed on."""
-    if not generation_setting(model, kwargs, "token_healing"):
+    if not resolved_option(model, kwargs, "token_healing"):
         return args
     tokenizer = kwargs.get("tokenizer")
     if tokenizer is None:
@@ -190,7 +190,7 @@ def _stop_strings_as_criteria(model, kwargs: dict) -> None:
     generate would, and turns the strings off for the call it hands on (`_off_for_this_call`)."""
     from transformers.generation import StoppingCriteriaList, StopStringCriteria
 
-    stop_strings = kwargs.pop("stop_strings", None) or generation_setting(model, kwargs, "stop_strings")
+    stop_strings = kwargs.pop("stop_strings", None) or resolved_option(model, kwargs, "stop_strings")
     if not stop_strings:
         return
     tokenizer = kwargs.get("tokenizer")

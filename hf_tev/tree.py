@@ -312,7 +312,7 @@ def build_tree(draft_logprobs: torch.Tensor, budget: int, root_token, size_rule=
     num_depths, vocab = draft_logprobs.shape
     k = min(budget, vocab)
     if k == 0 or num_depths == 0:
-        return chain_tree(draft_logprobs, 0, root)
+        return build_chain(draft_logprobs, 0, root)
 
     # 1. Ranked top-k per depth, the only host transfer: values and token ids, [D][k] floats / ints.
     values, ids = host_topk(draft_logprobs, k)
@@ -383,7 +383,7 @@ def tree_from_lists(root: torch.LongTensor, tokens: list, depths: list, parents:
     )
 
 
-def chain_tree(draft_logprobs: torch.Tensor, budget: int, root_token, size_rule=None) -> DraftTree:
+def build_chain(draft_logprobs: torch.Tensor, budget: int, root_token, size_rule=None) -> DraftTree:
     """The chain special case (plain DFlash): one rank-0 (argmax, lowest id on ties) child per depth.
 
     Same signature as `build_tree`: at most `budget` nodes, and never deeper than the drafted depths.
@@ -421,7 +421,7 @@ def chain_tree(draft_logprobs: torch.Tensor, budget: int, root_token, size_rule=
 
 
 class RootTrees:
-    """Trees of the root alone (a plain decoding step), the same as `chain_tree(..., 0, root)` gives. Their
+    """Trees of the root alone (a plain decoding step), the same as `build_chain(..., 0, root)` gives. Their
     structure tensors are the same for every root, so they are made once per device and shared (trees are never
     written to): a cycle that drafts nothing pays one view of its root instead of a dozen small tensor ops."""
 
@@ -442,7 +442,7 @@ class RootTrees:
 
 # Tree sources, one signature: (draft_logprobs [D, V], budget, root_token, size_rule=None) -> DraftTree.
 # `TEVConfig.tree` names one.
-TREE_BUILDERS = {"best_first": build_tree, "chain": chain_tree}
+TREE_BUILDERS = {"best_first": build_tree, "chain": build_chain}
 
 
 def tree_attention_mask(tree: DraftTree, past_length: int, dtype: torch.dtype, device=None) -> torch.Tensor:

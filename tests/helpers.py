@@ -82,6 +82,22 @@ def make_drafter(target, *, block_size: int = 8, seed: int = 1, num_layers: int 
     )
 
 
+def own_sliding_drafter(
+    target, layer_types=("sliding_attention", "sliding_attention"), block_size=6, seed=3, sliding_window=4
+):
+    """hf_tev's own DFlash drafter with sliding-window layers (`layer_types`, window `sliding_window`), reading the
+    target's layers 1 and `T - 2`, its weights drawn after `torch.manual_seed(seed)`."""
+    torch.manual_seed(seed)
+    return DFlashDraftModel.from_target(
+        target,
+        num_layers=len(layer_types),
+        block_size=block_size,
+        target_layer_ids=[1, target.config.get_text_config().num_hidden_layers - 2],
+        layer_types=list(layer_types),
+        sliding_window=sliding_window,
+    )
+
+
 def with_oracle(drafter, reference):
     """Make a drafter that mostly knows the target's greedy continuation `reference` (so trees get accepted).
 

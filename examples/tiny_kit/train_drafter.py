@@ -14,7 +14,7 @@
 The ExitTrain knobs default to `ExitTrainingArguments`' defaults (the authors' released recipe: CE without
 position decay for prefix/exit, tree loss over the number of drafted nodes, trees only for anchors with a
 full horizon, full target context), except `--anchors`, which stays 8 as in the kit's recorded runs. The
-recorded prefix / exit drafters (and `ablation/`) were trained by an earlier hf_tev whose objective was
+recorded prefix / exit drafters (and `ablation/`) were trained with the defaults before 0.1.0,
 `--ce-decay yes --tree-normalization weight_sum --tree-anchors all`; pass those to repeat them.
 
 Data: `data/train_generated.jsonl` (rows `{"input_ids", "prompt_length"}`: training-split prompts with

@@ -48,28 +48,14 @@ What is measured, per method x drafter x budget x temperature x prompt set:
 - greedy_exact (T = 0): every prompt's tokens equal `ar`'s. A mismatch is warned about loudly.
 
 Output in `--output DIR`: `bench.json`, `bench.md` (tables shaped like the paper's Tables 1, 5 and 3, and a stage
-table) and `bench.png` (tau and SR against budget). JSON schema (`"schema": "hf_tev.bench/1"`):
+table) and `bench.png` (tau and SR against budget). The document (`"schema": "hf_tev.bench/1"`, or
+`"hf_tev.bench/batch-1"` for batches) and every field of a record (`RECORD_FIELDS`): docs/bench.md#benchjson.
 
-    {"schema": str, "settings": {BenchConfig fields, "generation"}, "machine": {"cpu_count", "torch_threads",
-     "load_average" (1-min load at start and end), "device", "device_name", "dtype", "torch", "transformers",
-     "hf_tev", "python", "platform", "malloc_env"}, "warnings": [str], "records": [record]}
-    settings["generation"] = {f"{T:g}": the keyword arguments `generate` got at T ("do_sample", and at T > 0
-      "temperature", "top_k", "top_p", "min_p"), with "eos_token_id" (null: no stop at EOS)}
-    record = {"method", "drafter" (null for ar/assisted/prompt_lookup), "budget" (null when the method has none),
-      "temperature", "prompt_set", "prompts", "max_new_tokens", "repeats", "new_tokens", "target_forwards",
-      "cycles", "tau", "tau_counted", "coverage", "coverage_z", "time_s", "ar_time_s", "speedup",
-      "tokens_per_s", "greedy_exact", "tokens_sha1", "draft_ms", "build_ms", "forward_ms", "verify_ms",
-      "cycle_ms", "model_ms", "overhead_ms", "overhead_fraction", "setup_ms", "prefill_ms",
-      "verifier_stage_ms", "verifier_stage_ddtree_ms", "verifier_stage_reduction", "verifier_stage_cycles",
-      "tree_size_mean", "tree_size_quartiles", "plain_cycle_fraction", "predicted_tau",
-      "per_prompt": {field: [each prompt's own value of that field, in prompt order]}}
-
-Fields that do not apply are null. `tokens_sha1` hashes every prompt's generated ids (first repeat), so records
-can be compared for identical output. Timings are wall clock on a possibly shared machine: the load average is
-recorded, and a warning is raised when it exceeds the core count. On CPU, glibc hands buffers above its mmap
-threshold back to the OS when freed, so a stage that allocates a fresh multi-MB buffer every cycle (predraw's
-float64 CDF over [N, V] at large B) pays page faults each time; `MALLOC_MMAP_THRESHOLD_` /
-`MALLOC_TRIM_THRESHOLD_` change that, and the machine record keeps any `MALLOC_*` setting.
+Timings are wall clock on a possibly shared machine: the load average is recorded, and a warning is raised when
+it exceeds the core count. On CPU, glibc hands buffers above its mmap threshold back to the OS when freed, so a
+stage that allocates a fresh multi-MB buffer every cycle (predraw's float64 CDF over [N, V] at large B) pays page
+faults each time; `MALLOC_MMAP_THRESHOLD_` / `MALLOC_TRIM_THRESHOLD_` change that, and the machine record keeps
+any `MALLOC_*` setting.
 """
 
 from .cli import (
@@ -81,7 +67,7 @@ from .cli import (
     parse_config,
     report_main,
 )
-from .config import DTYPES, BenchConfig, generation_settings, sampling_kwargs
+from .config import DTYPES, BenchConfig, generate_kwargs_by_temperature, sampling_kwargs
 from .loading import BenchModels, check_sources, load_models, load_prompt_texts, tokenize_prompts
 from .measure import ForwardProbe, Job, Run, capture_logits_processor, run_once
 from .methods import (
@@ -158,7 +144,7 @@ __all__ = [
     "capture_logits_processor",
     "check_load",
     "check_output_folder",
-    "generation_settings",
+    "generate_kwargs_by_temperature",
     "greedy_mismatch",
     "hub_unreachable_reason",
     "load_models",

@@ -1,5 +1,5 @@
 """The settings of `hf-tev bench`: `BenchConfig`, checked in full before any model is loaded, and what
-`generate` gets from them at each temperature (`sampling_kwargs`, `generation_settings`)."""
+`generate` gets from them at each temperature (`sampling_kwargs`, `generate_kwargs_by_temperature`)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from pathlib import Path
 
 import torch
 
+from ..config import temperature_sampling
 from ..kit import KIT_DRAFTERS, kit_dir
 from .methods import METHODS, PROMPT_SETS, REFERENCE_METHOD
 
@@ -190,16 +191,10 @@ def sampling_kwargs(
     """What `generate` gets at `temperature`: greedy at 0, else pure temperature sampling (top-k / top-p / min-p
     off whatever the model's defaults, unless given). Without `stop_at_eos`, `eos_token_id=None`: every run
     produces exactly `max_new_tokens`."""
-    if temperature == 0:
-        kwargs = dict(do_sample=False)
-    else:
-        kwargs = dict(
-            do_sample=True,
-            temperature=temperature,
-            top_k=0 if top_k is None else top_k,
-            top_p=1.0 if top_p is None else top_p,
-            min_p=min_p,
-        )
+    kwargs = temperature_sampling(temperature)
+    if kwargs["do_sample"]:
+        kwargs.update({name: value for name, value in (("top_k", top_k), ("top_p", top_p)) if value is not None})
+        kwargs["min_p"] = min_p
     if not stop_at_eos:
         kwargs["eos_token_id"] = None
     return kwargs
@@ -210,7 +205,7 @@ def config_sampling(config: BenchConfig, temperature: float) -> dict:
     return sampling_kwargs(temperature, config.stop_at_eos, config.top_k, config.top_p, config.min_p)
 
 
-def generation_settings(config: BenchConfig, target) -> dict[str, dict]:
+def generate_kwargs_by_temperature(config: BenchConfig, target) -> dict[str, dict]:
     """`f"{T:g}"` -> the keyword arguments `generate` gets at T (the `sampling_kwargs`), with `eos_token_id` as
     the target's generation config gives it when the run stops at EOS."""
     settings = {}

@@ -1,18 +1,11 @@
 """What a bench run writes: the `bench.json` document (`bench_document`: settings, `machine_info`, warnings) and
-its records, summarised from the runs of `measure`.
+its records, summarised from the runs of `measure`. docs/bench.md#benchjson describes the document and every field
+of a record.
 
-One prompt per call (schema `SCHEMA`, fields `RECORD_FIELDS`, described in `hf_tev.bench`'s docstring):
-`make_records`, from `summarise` of each job's runs.
+One prompt per call (schema `SCHEMA`, fields `RECORD_FIELDS`): `make_records`, from `summarise` of each job's runs.
 
 Batches (`--batch-sizes`, schema `BATCH_SCHEMA`): `batch_records`, a record per method x drafter x budget x
-temperature x prompt set x batch size: `tokens_per_s` (new tokens of every row / the sum over batches of the
-median batch time) and `ar_tokens_per_s` (plain batched generate at the same R), `speedup`, `tau` (every row's
-cycles pooled) and `tau_rows` (each row's own tau, batch by batch), and the tree pass of the batch: `pass_ms` (one
-target forward over every unfinished row's tree, per cycle), `pass_rows` and `pass_nodes` (rows and padded nodes
-per row in a pass, means), `tree_nodes` (a row's own tree, drafted nodes), `draft_ms` (the batch's drafter call,
-per cycle), `verify_ms` (the verifier stage of the batch), `cycles`. At T = 0, `greedy_exact` says whether every
-row equals that prompt's own plain greedy generate run alone, and `matches_batched_ar` whether it equals plain
-batched generate's row (which may differ from the prompt alone by rounding in padded batched kernels).
+temperature x prompt set x batch size, from `summarise_batches` of each job's batches.
 """
 
 from __future__ import annotations
@@ -33,6 +26,19 @@ from .methods import METHODS, REFERENCE_METHOD, REFERENCE_VERIFIER
 
 logger = logging.get_logger(__name__)
 
+# hf_tev's stage times per cycle: the loop's stages (`TEVStats`), the whole cycle, the time in model forwards and
+# what is left of the cycle outside them (hf_tev's own work).
+STAGE_FIELDS = (
+    "draft_ms",
+    "build_ms",
+    "forward_ms",
+    "verify_ms",
+    "cycle_ms",
+    "model_ms",
+    "overhead_ms",
+    "overhead_fraction",
+)
+# The fields of a record of `SCHEMA`, in order; docs/bench.md#benchjson says what each holds.
 RECORD_FIELDS = (
     "method",
     "drafter",
@@ -55,14 +61,7 @@ RECORD_FIELDS = (
     "tokens_per_s",
     "greedy_exact",
     "tokens_sha1",
-    "draft_ms",
-    "build_ms",
-    "forward_ms",
-    "verify_ms",
-    "cycle_ms",
-    "model_ms",
-    "overhead_ms",
-    "overhead_fraction",
+    *STAGE_FIELDS,
     "setup_ms",
     "prefill_ms",
     "verifier_stage_ms",
@@ -303,14 +302,7 @@ PER_PROMPT_FIELDS = (
     "tokens_per_s",
     "tau",
     "coverage",
-    "draft_ms",
-    "build_ms",
-    "forward_ms",
-    "verify_ms",
-    "cycle_ms",
-    "model_ms",
-    "overhead_ms",
-    "overhead_fraction",
+    *STAGE_FIELDS,
     "tree_size_mean",
     "plain_cycle_fraction",
     "predicted_tau",

@@ -46,7 +46,7 @@ SPREAD_GUIDE = (
     "prompt's own value; the prompts of every set pooled where the value is a mean over prompt sets). It says how "
     "much prompts differ; a value pooled over prompts (a ratio of sums, a median over cycles) can lie outside it."
 )
-NO_SPREAD_GUIDE = "This bench.json keeps no per-prompt values (an earlier hf_tev wrote it): no spread is shown."
+NO_SPREAD_GUIDE = "This bench.json keeps no per-prompt values (hf_tev records them from 0.1.0 on): no spread is shown."
 
 
 # --------------------------------------------------------------------------------------------------------

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .config import BenchConfig, config_sampling, generation_settings, sampling_kwargs
+from .config import BenchConfig, config_sampling, generate_kwargs_by_temperature, sampling_kwargs
 from .loading import BenchModels, check_sources, load_models, load_prompt_texts, tokenize_prompts
 from .measure import ForwardProbe, Job, capture_logits_processor, run_batch, run_once
 from .methods import METHODS, REFERENCE_METHOD, REFERENCE_VERIFIER
@@ -216,7 +216,7 @@ def run_bench(config: BenchConfig, models: BenchModels | None = None) -> dict:
     models = models or load_models(config)
     prompt_sets = tokenize_prompts(texts, models.tokenizer, models.target.device, config.chat_template)
     session = open_session(config, models, prompt_sets, notes)
-    generation = generation_settings(config, models.target)
+    generation = generate_kwargs_by_temperature(config, models.target)
     records = []
     try:
         with torch.no_grad():

@@ -10,7 +10,7 @@ import math
 
 import torch
 
-from ..tree import chain_tree
+from ..tree import build_chain
 from .hybrid import linear_attention_trees
 from .outputs import StageClock
 
@@ -100,7 +100,7 @@ def probe_tree_costs(
         sizes.append(max_tokens)
     seconds = []
     for size in sizes:
-        chains = [chain_tree(root.new_zeros((size - 1, 1), dtype=torch.float32), size - 1, root) for root in roots]
+        chains = [build_chain(root.new_zeros((size - 1, 1), dtype=torch.float32), size - 1, root) for root in roots]
         best = math.inf
         for _ in range(repeats):
             clock.lap()

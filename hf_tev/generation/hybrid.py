@@ -149,7 +149,7 @@ def dispatch(module, forward, *args, **kwargs):
     if not isinstance(nodes, NodeTree):
         return forward(*args, **kwargs)
     hidden_states = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
-    return tree_forward(module, hidden_states, kwargs["cache"].layers[module.layer_idx], nodes)
+    return tree_linear_attention(module, hidden_states, kwargs["cache"].layers[module.layer_idx], nodes)
 
 
 def project(module, hidden_states: torch.Tensor):
@@ -224,7 +224,7 @@ def tree_gated_delta_rule(query, key, value, g, beta, initial_state, visibility)
     return output.transpose(1, 2).to(dtype), key, values, decays
 
 
-def tree_forward(module, hidden_states: torch.Tensor, layer, nodes: NodeTree) -> torch.Tensor:
+def tree_linear_attention(module, hidden_states: torch.Tensor, layer, nodes: NodeTree) -> torch.Tensor:
     """One linear-attention layer over every node of the tree pass, each on its own path.
 
     Args:

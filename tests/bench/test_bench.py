@@ -17,13 +17,14 @@ from hf_tev.bench import (
     BenchConfig,
     Job,
     capture_logits_processor,
-    generation_settings,
+    generate_kwargs_by_temperature,
     plan_jobs,
     plan_replays,
     run_bench,
     sampling_kwargs,
     z_statistic,
 )
+from hf_tev.bench.records import STAGE_FIELDS
 from hf_tev.kit import kit_path, load_kit_model
 
 DRAFTER = "drafter-dflash"  # the kit's shipped drafter
@@ -39,21 +40,7 @@ def kit_drafter():
 
 
 HF_TEV_METHODS = ("chain", "ddtree", "tev", "tev_lookup", "default", "lookup_tree")
-STAGE_FIELDS = (
-    "draft_ms",
-    "build_ms",
-    "forward_ms",
-    "verify_ms",
-    "cycle_ms",
-    "model_ms",
-    "overhead_ms",
-    "overhead_fraction",
-    "setup_ms",
-    "prefill_ms",
-    "cycles",
-    "coverage",
-    "coverage_z",
-)
+HF_TEV_FIELDS = (*STAGE_FIELDS, "setup_ms", "prefill_ms", "cycles", "coverage", "coverage_z")  # hf_tev methods only
 
 
 @pytest.fixture(scope="module")
@@ -130,7 +117,7 @@ def test_every_method_tiny_run_writes_json_table_and_plot(tiny_run, kit_drafter)
         if r["method"] == "ar":
             assert r["tau"] == 1 and r["speedup"] == 1 and r["target_forwards"] == 12
         if r["method"] in HF_TEV_METHODS:
-            assert all(r[name] is not None for name in STAGE_FIELDS), r
+            assert all(r[name] is not None for name in HF_TEV_FIELDS), r
             # Blocks are tokens per tree pass; they only differ where the stop cut a final block (the last bonus).
             emitted_by_cycles = r["new_tokens"] - r["prompts"]  # the prefill emits one token per prompt
             assert 0 <= round(r["tau"] * r["cycles"]) - emitted_by_cycles <= r["prompts"]
@@ -141,7 +128,7 @@ def test_every_method_tiny_run_writes_json_table_and_plot(tiny_run, kit_drafter)
             # medians need not be: under load the runs' medians come from different runs)
             assert all(r[name] <= r["cycle_ms"] * 1.01 for name in ("draft_ms", "build_ms", "forward_ms", "verify_ms"))
         else:
-            assert all(r[name] is None for name in STAGE_FIELDS), r
+            assert all(r[name] is None for name in HF_TEV_FIELDS), r
         staged = r["method"] in ("ddtree", "tev") and r["temperature"] > 0 and r["budget"] != "auto"
         if r["method"] in HF_TEV_METHODS:  # the chosen sizes are recorded; only auto predicts a block length
             assert r["tree_size_mean"] is not None and len(r["tree_size_quartiles"]) == 3
@@ -282,17 +269,17 @@ def test_bench_temperatures_are_pure_temperature_sampling(kit_target, temperatur
         torch.testing.assert_close(found(input_ids, scores.clone()), scores / temperature)
 
 
-def test_generation_settings_record_what_generate_gets():
+def test_generate_kwargs_by_temperature_are_what_generate_gets():
     target = SimpleNamespace(generation_config=SimpleNamespace(eos_token_id=7))
     args = bench.build_parser().parse_args(["--top-k", "5", "--top-p", "0.9", "--min-p", "0.05", "--stop-at-eos"])
     assert (args.top_k, args.top_p, args.min_p, args.stop_at_eos) == (5, 0.9, 0.05, True)
     config = BenchConfig(methods=["ar"], temperatures=[0, 0.6], top_k=5, top_p=0.9, min_p=0.05, stop_at_eos=True)
-    assert generation_settings(config, target) == {
+    assert generate_kwargs_by_temperature(config, target) == {
         "0": dict(do_sample=False, eos_token_id=7),
         "0.6": dict(do_sample=True, temperature=0.6, top_k=5, top_p=0.9, min_p=0.05, eos_token_id=7),
     }
     plain = BenchConfig(methods=["ar"], temperatures=[0.6])
-    assert generation_settings(plain, target) == {
+    assert generate_kwargs_by_temperature(plain, target) == {
         "0.6": dict(do_sample=True, temperature=0.6, top_k=0, top_p=1.0, min_p=None, eos_token_id=None)
     }
 

@@ -177,7 +177,7 @@ def test_report_of_an_incomplete_document_says_what_it_lacks(change, message, tm
 
 @pytest.mark.parametrize("folder", ["tiny_kit_cpu", "batch_1thread_schedule"])
 def test_the_kept_results_still_render(folder, tmp_path):
-    """`hf-tev bench report` reads the bench.json files an earlier hf_tev wrote (no per-prompt values)."""
+    """`hf-tev bench report` reads the kept bench.json files written before 0.1.0 (no per-prompt values)."""
     hf_tev_main(["bench", "report", str(RESULTS / folder / "bench.json"), "--output", str(tmp_path)])
     markdown = (tmp_path / "bench.md").read_text()
     assert markdown.startswith("# hf-tev bench") and "| tev |" in markdown

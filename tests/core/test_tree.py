@@ -10,8 +10,8 @@ from hf_tev.tree import (
     TREE_BUILDERS,
     DraftTree,
     TreeInputs,
+    build_chain,
     build_tree,
-    chain_tree,
     tree_attention_mask,
     tree_position_ids,
 )
@@ -159,7 +159,7 @@ def test_root_trees_equal_the_chain_of_no_node():
     root_trees = RootTrees(torch.device("cpu"))
     for token in (5, 0):
         root = torch.tensor([token])
-        tree, expected = root_trees(root), chain_tree(torch.zeros(0, 1), 0, root)
+        tree, expected = root_trees(root), build_chain(torch.zeros(0, 1), 0, root)
         for name in ("tokens", "depths", "parents", "visibility", "internal_nodes", "parent_rows"):
             assert torch.equal(getattr(tree, name), getattr(expected, name)), name
             assert getattr(tree, name).dtype == getattr(expected, name).dtype
@@ -191,23 +191,23 @@ def test_host_long_and_host_topk_equal_their_slow_forms():
             host_topk(torch.full((2, vocab), 0.5), 3)
 
 
-def test_chain_tree():
+def test_build_chain():
     logprobs = torch.tensor([[-1.0, -0.5, -0.5], [-0.1, -2.0, -3.0], [-3.0, -3.0, -0.2]])
-    tree = chain_tree(logprobs, 99, torch.tensor(9))
+    tree = build_chain(logprobs, 99, torch.tensor(9))
     assert tree.tokens.tolist() == [9, 1, 0, 2]  # argmax, lowest id on ties
     assert tree.parents.tolist() == [-1, 0, 1, 2] and tree.depths.tolist() == [0, 1, 2, 3]
     assert torch.equal(tree.visibility, torch.ones(4, 4, dtype=torch.bool).tril())
     assert tree.max_depth == 3 and tree.internal_nodes.tolist() == [0, 1, 2]
     assert torch.equal(tree.parent_rows, torch.searchsorted(tree.internal_nodes, tree.parents[1:]))
-    short = chain_tree(logprobs, 1, 9)
+    short = build_chain(logprobs, 1, 9)
     assert short.tokens.tolist() == [9, 1] and short.max_depth == 1
-    assert chain_tree(logprobs, 0, 9).tokens.tolist() == [9]
+    assert build_chain(logprobs, 0, 9).tokens.tolist() == [9]
     # A chain is the builder's tree when each depth's runner-up is far behind.
     sharp = torch.full((3, 3), -50.0)
     sharp[[0, 1, 2], [2, 0, 1]] = 0.0
     built = build_tree(sharp, 3, 9)
-    assert torch.equal(built.tokens, chain_tree(sharp, 99, 9).tokens)
-    assert torch.equal(built.parents, chain_tree(sharp, 99, 9).parents)
+    assert torch.equal(built.tokens, build_chain(sharp, 99, 9).tokens)
+    assert torch.equal(built.parents, build_chain(sharp, 99, 9).parents)
 
 
 def ancestors_by_parents(parents):
@@ -270,11 +270,11 @@ def test_bad_inputs_raise_clear_errors():
     with pytest.raises(TypeError, match="root_token"):
         build_tree(good, 2, "a")
     with pytest.raises(ValueError, match="budget"):
-        chain_tree(good, -1, 0)
+        build_chain(good, -1, 0)
     with pytest.raises(ValueError, match="past_length"):
-        tree_attention_mask(chain_tree(good, 99, 0), -1, torch.float32)
+        tree_attention_mask(build_chain(good, 99, 0), -1, torch.float32)
     with pytest.raises(TypeError, match="floating"):
-        tree_attention_mask(chain_tree(good, 99, 0), 0, torch.long)
+        tree_attention_mask(build_chain(good, 99, 0), 0, torch.long)
 
 
 def test_draft_tree_properties():

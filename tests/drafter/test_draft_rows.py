@@ -3,8 +3,7 @@ bit for bit, at every number of depths (the block is still drafted whole: every 
 
 import pytest
 import torch
-from helpers import make_target
-from test_native_drafters import own_sliding_drafter
+from helpers import make_target, own_sliding_drafter
 
 from hf_tev.modeling_dflash import MATMUL_ROWS, DFlashDraftModel
 

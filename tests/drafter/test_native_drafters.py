@@ -11,6 +11,7 @@ from helpers import (
     flattened,
     make_drafter,
     make_target,
+    own_sliding_drafter,
     tiny_text_dims,
     with_oracle,
 )
@@ -197,7 +198,7 @@ def test_native_drafter_blocks_equal_transformers_chain(kind):
 
 
 @pytest.mark.parametrize("kind", ["qwen3", "muse_glimmer"])
-def test_chain_tree_first_block_is_transformers_proposal(kind):
+def test_chain_source_first_block_is_transformers_proposal(kind):
     """`TEVConfig(tree="chain")`: hf_tev's first drafted block is the block transformers' chain proposes."""
     target = make_target_of(kind)
     drafter = make_native_drafter(target)
@@ -342,18 +343,6 @@ def test_a_batch_refuses_sliding_drafters_and_decodes_each_row_with_a_full_atten
 # ------------------------------------------------------------------------------------------------------------------
 # hf_tev's own drafter with sliding-window layers: transformers' drafter's computation, saved and decoded
 # ------------------------------------------------------------------------------------------------------------------
-def own_sliding_drafter(target, layer_types=("sliding_attention", "sliding_attention"), block_size=6, seed=3):
-    torch.manual_seed(seed)
-    return DFlashDraftModel.from_target(
-        target,
-        num_layers=len(layer_types),
-        block_size=block_size,
-        target_layer_ids=[1, target.config.get_text_config().num_hidden_layers - 2],
-        layer_types=list(layer_types),
-        sliding_window=DRAFT_WINDOW,
-    )
-
-
 def as_muse_assistant(drafter):
     """transformers' `MuseGlimmerAssistantModel` with `drafter`'s weights (the same architecture under other
     names: `encoder.fc` / `encoder.output_norm_enc` are `fc` / `hidden_norm`)."""
