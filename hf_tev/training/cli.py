@@ -214,12 +214,16 @@ def load_models(script: ExitScriptArguments, args):
 
 def load_data(script: ExitScriptArguments, args, target, drafter, tokenizer, sources: Sources) -> TrainingData:
     """The rows, read or written by the target (the main process first; the others read its files), checked, and
-    with `--feature_cache` their target features computed into the cache."""
+    with `--feature_cache` their target features computed into the cache; first, the checkpoint to resume from must
+    hold this drafter's weights."""
     import torch
 
+    from .checkpoints import check_checkpoint_drafter
     from .data import check_rows
     from .features import CachedFeatureDataset, FeatureCache
 
+    if sources.resume is not None and not (args.deepspeed or args.fsdp):  # before the rows are written
+        check_checkpoint_drafter(sources.resume, drafter)
     vocab_size = target.get_input_embeddings().weight.shape[0]
     data_dir = Path(script.data_dir or Path(args.output_dir) / "_data")
     with args.main_process_first(local=args.save_on_each_node, desc="training rows"):

@@ -53,7 +53,7 @@ from transformers.trainer_utils import get_last_checkpoint
 
 from ..modeling_dflash import DFlashDraftModel
 from . import hub
-from .checkpoints import NEW_RUN, check_checkpoint
+from .checkpoints import NEW_RUN, check_checkpoint, check_checkpoint_drafter
 from .data import ExitDataCollator, check_trainer_datasets
 from .eval_tau import decoded_tau, tau_prompts
 from .exit_config import ExitTrainingArguments
@@ -173,8 +173,9 @@ class ExitTrainer(Trainer):
 
     def train(self, resume_from_checkpoint: str | bool | None = None, trial=None, ignore_keys_for_eval=None, **kwargs):
         """`Trainer.train`, with the checkpoint to resume from checked first (`checkpoints.check_checkpoint`): a
-        checkpoint without `trainer_state.json`, `optimizer.pt` or `scheduler.pt`, or with one of them damaged, is
-        refused before any step instead of resuming with a fresh optimizer. `True` resumes from the last
+        checkpoint without `trainer_state.json`, `model.safetensors`, `optimizer.pt` or `scheduler.pt`, or with one
+        of them damaged, or whose weights are another drafter's, is refused before any step instead of resuming
+        with a fresh optimizer or failing on a size mismatch. `True` resumes from the last
         checkpoint in `args.output_dir`."""
         if resume_from_checkpoint is True:
             resume_from_checkpoint = (
@@ -183,7 +184,10 @@ class ExitTrainer(Trainer):
             if resume_from_checkpoint is None:
                 raise ValueError(f"resume_from_checkpoint=True: no checkpoint in {self.args.output_dir}")
         if resume_from_checkpoint not in (None, False):
-            check_checkpoint(resume_from_checkpoint, optimizer=not (self.is_deepspeed_enabled or self.is_fsdp_enabled))
+            own_layout = not (self.is_deepspeed_enabled or self.is_fsdp_enabled)  # theirs keep their own files
+            check_checkpoint(resume_from_checkpoint, optimizer=own_layout)
+            if own_layout:
+                check_checkpoint_drafter(resume_from_checkpoint, self.accelerator.unwrap_model(self.model))
         return super().train(resume_from_checkpoint, trial, ignore_keys_for_eval, **kwargs)
 
     def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:

@@ -1,12 +1,22 @@
-"""Resuming from a checkpoint that cannot be resumed completely (no optimizer.pt / scheduler.pt /
+"""Resuming from a checkpoint that cannot be resumed completely (no model.safetensors / optimizer.pt / scheduler.pt /
 trainer_state.json, or one of them damaged) is refused before any step, naming the file and what to do, from
-Python (`ExitTrainer.train`) and from `hf-tev train` (before any model is loaded)."""
+Python (`ExitTrainer.train`) and from `hf-tev train` (before any model is loaded); one of another drafter, naming the
+weight that differs."""
 
+import re
 import shutil
 
 import pytest
 import torch
-from helpers import KIT_ROWS, make_target, training_args, training_drafter, training_rows
+from helpers import (
+    KIT_ROWS,
+    TRAINING_BLOCK_SIZE,
+    make_drafter,
+    make_target,
+    training_args,
+    training_drafter,
+    training_rows,
+)
 
 from hf_tev.kit import kit_path
 from hf_tev.training import ExitTrainer, cli
@@ -64,6 +74,18 @@ DAMAGES = {
         lambda c: (c / "opd_rollouts_0.json").write_text('{"refresh": 0, "rollouts": [{"input_ids": [1, 2'),
         r"opd_rollouts_0.json is damaged \(not valid JSON: line 1 column \d+",
     ),
+    "no model.safetensors": (
+        lambda c: (c / "model.safetensors").unlink(),
+        r"has no model.safetensors \(the drafter's weights\); resume from another, complete checkpoint of the run",
+    ),
+    "truncated model.safetensors": (
+        lambda c: cut_in_half(c / "model.safetensors"),
+        r"model.safetensors is damaged \(\d+ bytes, its header describes \d+: cut off\); resume from another",
+    ),
+    "model.safetensors with a broken header": (
+        lambda c: (c / "model.safetensors").write_bytes(b"\xff" * 64),
+        r"model.safetensors is damaged \(no readable safetensors header: was it cut off\?\)",
+    ),
     "truncated optimizer.pt": (
         lambda c: cut_in_half(c / "optimizer.pt"),
         r"optimizer.pt is damaged \(not a torch.save file",
@@ -84,6 +106,37 @@ def test_an_incomplete_or_damaged_checkpoint_is_refused_before_any_step(case, ch
         trainer.train(resume_from_checkpoint=str(folder))
     assert trainer.state.global_step == 0
     assert all(torch.equal(value, before[name]) for name, value in drafter.state_dict().items())
+
+
+def test_a_checkpoint_of_another_drafter_is_named_before_any_step(checkpoint, tmp_path, monkeypatch, capsys):
+    """A checkpoint whose weights are another drafter's (here 2 layers, the run's 1) fails inside Trainer with a
+    size-mismatch traceback; it is refused naming the first differing weight, from Python and from hf-tev train
+    (before the rows are read or written)."""
+    target = make_target("qwen3")
+    other = make_drafter(target, block_size=TRAINING_BLOCK_SIZE, num_layers=2)
+    trainer = ExitTrainer(
+        model=other, target_model=target, args=training_args(tmp_path / "a", max_steps=4), train_dataset=training_rows()
+    )
+    message = r"checkpoint-2 holds another drafter than the one being trained: .* (is missing there|there, .* here)"
+    with pytest.raises(ValueError, match=message):
+        trainer.train(resume_from_checkpoint=str(checkpoint))
+    assert trainer.state.global_step == 0
+    target.save_pretrained(tmp_path / "target")
+    monkeypatch.setattr(cli, "_rows", lambda *a, **k: pytest.fail("the rows were read before the check"))
+    flags = ["--target", str(tmp_path / "target"), "--train_data", str(KIT_ROWS), "--output_dir", str(tmp_path / "o")]
+    flags += [
+        "--use_cpu",
+        "--report_to",
+        "none",
+        "--num_draft_layers",
+        "2",
+        "--resume_from_checkpoint",
+        str(checkpoint),
+    ]
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(flags)
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("hf-tev train: error:")]
+    assert exit_info.value.code == 2 and len(errors) == 1 and re.search(message, errors[0]), errors
 
 
 def test_a_missing_checkpoint_folder_and_resume_true_without_checkpoints(checkpoint, tmp_path):
