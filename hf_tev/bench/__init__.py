@@ -77,7 +77,6 @@ from .methods import (
     REFERENCE_VERIFIER,
     Method,
     PromptSet,
-    hub_unreachable_reason,
     register_method,
     register_prompt_set,
 )
@@ -146,7 +145,6 @@ __all__ = [
     "check_output_folder",
     "generate_kwargs_by_temperature",
     "greedy_mismatch",
-    "hub_unreachable_reason",
     "load_models",
     "load_prompt_texts",
     "machine_info",

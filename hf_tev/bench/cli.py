@@ -19,7 +19,7 @@ from pathlib import Path
 from ..kit import KIT_DRAFTERS
 from .config import DTYPES, BenchConfig
 from .loading import check_sources
-from .methods import METHODS, PROMPT_SETS, REFERENCE_METHOD
+from .methods import KIT_PROMPT_SETS, METHODS, PAPER_PROMPT_SETS, PROMPT_SETS, REFERENCE_METHOD
 from .report import (
     JSON_NAME,
     OUTPUT_NAMES,
@@ -69,7 +69,8 @@ OPTIONS = {
     "budgets": "tree budgets: ints >= 0 and/or auto, the automatic budget (default: auto,4,16,64; 0: no tree, "
     "every cycle one plain target forward through hf_tev's loop)",
     "temperatures": "0: greedy; > 0: pure temperature sampling (default: 0,1; the paper's Table 3 is at 0.6)",
-    "prompt_sets": f"from {', '.join(PROMPT_SETS)} (default: all)",
+    "prompt_sets": f"from {', '.join(PROMPT_SETS)} (default: {', '.join(KIT_PROMPT_SETS)} on the kit, "
+    f"{', '.join(PAPER_PROMPT_SETS)} with --target)",
     "max_prompts": "prompts per set, the first ones (default: 16)",
     "max_new_tokens": "tokens per run, exactly unless --stop_at_eos (default: 128)",
     "output": "folder for bench.json, bench.md and bench.png (default: bench_out)",

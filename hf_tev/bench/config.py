@@ -11,7 +11,7 @@ import torch
 
 from ..config import temperature_sampling
 from ..kit import KIT_DRAFTERS, kit_dir
-from .methods import METHODS, PROMPT_SETS, REFERENCE_METHOD
+from .methods import KIT_PROMPT_SETS, METHODS, PAPER_PROMPT_SETS, PROMPT_SETS, REFERENCE_METHOD
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -31,8 +31,8 @@ class BenchConfig:
         top_k (`int`, *optional*), top_p (`float`, *optional*), min_p (`float`, *optional*): truncation at T > 0,
             passed to `generate` when set; default off (`top_k=0, top_p=1.0, min_p=None`, whatever the model's
             generation config says).
-        prompt_sets (`list[str]`, defaults to every set in `PROMPT_SETS`): Hub sets are skipped with a message when
-            the Hub is not reachable.
+        prompt_sets (`list[str]`, *optional*): names in `PROMPT_SETS`; default `KIT_PROMPT_SETS` on the kit,
+            `PAPER_PROMPT_SETS` (MT-Bench, HumanEval, GSM8K, MATH-500: committed files, no network) with `target`.
         max_prompts (`int`, defaults to 16): prompts per set (the first ones).
         max_new_tokens (`int`, defaults to 128): tokens per run (exactly, unless `stop_at_eos`).
         repeats (`int`, defaults to 3): timed runs per prompt and method; the median is kept.
@@ -63,7 +63,7 @@ class BenchConfig:
     top_k: int | None = None
     top_p: float | None = None
     min_p: float | None = None
-    prompt_sets: list[str] = field(default_factory=lambda: list(PROMPT_SETS))
+    prompt_sets: list[str] | None = None
     max_prompts: int = 16
     max_new_tokens: int = 128
     repeats: int = 3
@@ -83,6 +83,8 @@ class BenchConfig:
     allow_pickle_target: bool = False
 
     def __post_init__(self):
+        if self.prompt_sets is None:  # the kit writes Python; a real target gets the paper's four sets
+            self.prompt_sets = list(KIT_PROMPT_SETS if self.target is None else PAPER_PROMPT_SETS)
         self._check_registry_names()
         self._check_models()
         self._check_numbers()

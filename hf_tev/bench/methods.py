@@ -8,6 +8,7 @@ the report read these fields and never test a method's name, so a new method is 
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -160,14 +161,11 @@ register_method(
 # --------------------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class PromptSet:
-    """A prompt set of the bench: `load(limit)` gives the first `limit` prompts as text. A set with `needs_hub`
-    is skipped, with a message, when the Hub does not serve `hub_dataset` (its dataset id)."""
+    """A prompt set of the bench: `load(limit)` gives the first `limit` prompts as text."""
 
     name: str
     description: str
     load: Callable  # limit -> list[str]
-    needs_hub: bool = False
-    hub_dataset: str | None = None
 
 
 PROMPT_SETS: dict[str, PromptSet] = {}
@@ -176,17 +174,6 @@ PROMPT_SETS: dict[str, PromptSet] = {}
 def register_prompt_set(prompt_set: PromptSet) -> PromptSet:
     PROMPT_SETS[prompt_set.name] = prompt_set
     return prompt_set
-
-
-def _hub_prompts(path, config, split, column, first_turn=False):
-    def load(limit):
-        import datasets
-
-        rows = datasets.load_dataset(path, config, split=split)
-        texts = [row[column][0] if first_turn else row[column] for row in rows.select(range(min(limit, len(rows))))]
-        return [text.rstrip() for text in texts]
-
-    return load
 
 
 def _humaneval_prompts(limit):
@@ -222,46 +209,31 @@ register_prompt_set(
         _heldout_copy_prompts,
     )
 )
-register_prompt_set(
-    PromptSet(
-        "mt_bench",
-        "MT-Bench first turns (Hub: HuggingFaceH4/mt_bench_prompts)",
-        _hub_prompts("HuggingFaceH4/mt_bench_prompts", None, "train", "prompt", True),
-        True,
-        "HuggingFaceH4/mt_bench_prompts",
-    )
-)
-register_prompt_set(
-    PromptSet(
-        "gsm8k",
-        "GSM8K test questions (Hub: openai/gsm8k)",
-        _hub_prompts("openai/gsm8k", "main", "test", "question"),
-        True,
-        "openai/gsm8k",
-    )
-)
-register_prompt_set(
-    PromptSet(
-        "math500",
-        "MATH-500 problems (Hub: HuggingFaceH4/MATH-500)",
-        _hub_prompts("HuggingFaceH4/MATH-500", None, "test", "problem"),
-        True,
-        "HuggingFaceH4/MATH-500",
-    )
-)
 
 
-def hub_unreachable_reason(timeout: float = 3.0, dataset: str | None = None) -> str | None:
-    """None when the Hugging Face Hub answers for `dataset` (a Hub dataset id; default: the first Hub prompt
-    set's) within `timeout` seconds, else why not: huggingface_hub's offline mode (`HF_HUB_OFFLINE`), or the
-    error of `HfApi.dataset_info` (no connection, a timeout, an HTTP error such as a missing dataset)."""
-    from huggingface_hub import HfApi, constants
+def _packaged_prompts(file_name: str):
+    """Prompts of a file committed in `hf_tev/bench/prompts/` (taken from the benchmark's public repository:
+    source, commit and license in its SOURCES.md), so the set needs no network."""
 
-    if constants.is_offline_mode():
-        return "huggingface_hub is in offline mode (HF_HUB_OFFLINE is set)"
-    dataset = dataset or next(p.hub_dataset for p in PROMPT_SETS.values() if p.hub_dataset)
-    try:
-        HfApi().dataset_info(dataset, timeout=timeout)
-    except Exception as error:  # whatever stops the probe (offline, network, HTTP status) stops the set
-        return f"{constants.ENDPOINT} did not serve {dataset}: {type(error).__name__}: {error}"
-    return None
+    def load(limit):
+        from importlib.resources import files
+
+        text = files(__package__).joinpath("prompts", file_name).read_text(encoding="utf-8")
+        rows = [json.loads(line) for line in text.splitlines() if line.strip()]
+        return [row["prompt"].rstrip() for row in rows[:limit]]
+
+    return load
+
+
+register_prompt_set(
+    PromptSet("mt_bench", "MT-Bench first turns (lm-sys/FastChat, Apache-2.0)", _packaged_prompts("mt_bench.jsonl"))
+)
+register_prompt_set(
+    PromptSet("gsm8k", "GSM8K test questions (openai/grade-school-math, MIT)", _packaged_prompts("gsm8k.jsonl"))
+)
+register_prompt_set(
+    PromptSet("math500", "MATH-500 problems (openai/prm800k's split, MIT)", _packaged_prompts("math500.jsonl"))
+)
+# What the bench runs by default: the kit's Python sets on the kit, the paper's four sets (its order) otherwise.
+KIT_PROMPT_SETS = ["humaneval", "heldout", "heldout_copy"]
+PAPER_PROMPT_SETS = ["mt_bench", "humaneval", "gsm8k", "math500"]

