@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar
 
+import torch
 from transformers import TrainingArguments
 
 from ..exit_loss import OBJECTIVES, TREE_NORMALIZATIONS
@@ -72,6 +73,9 @@ class ExitTrainingArguments(TrainingArguments):
             Overrides the `TrainingArguments` default with the public ExitTrain recipe's value.
         remove_unused_columns (`bool`, *optional*, defaults to `False`):
             Must stay `False`: the drafter's forward does not take the dataset columns, the trainer does.
+        dataloader_pin_memory (`bool`, *optional*, defaults to `True`):
+            As in `TrainingArguments`, but turned off where torch finds no accelerator: there is nothing to pin
+            for, and torch would warn once per data loader (training, every evaluation).
         eval_tau_prompts (`int`, *optional*, defaults to `8`):
             Prompts decoded at every evaluation to report `eval_tau` (the real decoded tau: tree decoding with
             the frozen target); the first ones of the evaluation rows (their tokens before the first
@@ -261,6 +265,8 @@ class ExitTrainingArguments(TrainingArguments):
                 "ExitTrainer needs remove_unused_columns=False: the drafter's forward does not take "
                 "the dataset columns (input_ids, loss_mask), the trainer reads them"
             )
+        if self.dataloader_pin_memory and not torch.accelerator.is_available():
+            self.dataloader_pin_memory = False  # what torch's data loader does then, without its warning
         super().__post_init__()
 
     def _check_exittrain_knobs(self) -> None:
