@@ -150,12 +150,13 @@ _REFUSED_ARGUMENTS = (
 
 
 def _refuse_before_generate(model, kwargs: dict) -> None:
-    from .generation.checks import refusal
+    from .generation.checks import refusal, refuse_encoded_inputs
 
     for name, refused, what in _REFUSED_ARGUMENTS:
         value = resolved_option(model, kwargs, name)
         if refused(value):
             raise refusal(name, value, what)
+    refuse_encoded_inputs(model, kwargs)  # images / video: refused before generate runs the model's encoder
 
 
 def _prompt_ids(args: tuple, kwargs: dict):

@@ -6,6 +6,8 @@ settings only.
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 from transformers.cache_utils import (
     DummyLayer,
@@ -60,6 +62,10 @@ REFUSED_OPTIONS = (
 )
 # the model kwargs the decoder takes (`use_cache` and `logits_to_keep` it chooses itself per forward)
 MODEL_KWARGS = ("attention_mask", "position_ids", "cache", "use_cache", "logits_to_keep")
+# what the decoder calls on a drafter (hf_tev's DFlashDraftModel, or native_drafters' adapter of a native one)
+DRAFTER_INTERFACE = ("draft_logits", "check_target", "target_hidden_indices", "context_features", "new_cache", "config")
+# the modalities generate encodes before the decoder runs (`mm_encoder_outputs`), by the model's `get_<m>_features`
+ENCODED_MODALITIES = ("image", "video")
 
 
 def refusal(name: str, value, what: str) -> ValueError:
@@ -75,6 +81,7 @@ def check_supported(model, drafter, input_ids, generation_config, tev_config: TE
         value = getattr(generation_config, name, None)
         if refused(value):
             raise refusal(name, value, what)
+    check_text_prompt(model, model_kwargs.get("mm_encoder_outputs") or {})
     check_inputs(input_ids, model_kwargs)
     if input_ids.shape[0] > 1:
         check_batch_drafter(drafter)
@@ -99,11 +106,55 @@ def check_drafter(drafter, tev_config: TEVConfig) -> None:
             f"{type(drafter).__name__} has no {', '.join(native_drafter_problems(drafter))}. "
             "Classic assistant models use transformers' assisted generation: drop `tev_config`."
         )
+    lacking = [name for name in DRAFTER_INTERFACE if drafter is not None and not hasattr(drafter, name)]
+    if lacking:
+        raise TypeError(
+            f"`assistant_model` ({type(drafter).__name__}) has `draft_logits` but is not a DFlash drafter: it lacks "
+            f"{', '.join(lacking)} (what tree decoding calls on a drafter: {', '.join(DRAFTER_INTERFACE)}). Pass an "
+            "hf_tev.DFlashDraftModel, or a drafter transformers' speculation_type='dflash' chain drives."
+        )
     if drafter is not None and any(p.is_meta for p in drafter.parameters()):
         raise ValueError(
             "`assistant_model` (the DFlash drafter) is on the meta device (no weights loaded): load its weights "
             "first (DFlashDraftModel.from_pretrained, or from_target for a fresh drafter)."
         )
+
+
+def encoder_inputs(model, modality: str) -> list[str]:
+    """The `generate` arguments a multimodal model encodes as `modality` input (`pixel_values`, `image_grid_thw`,
+    ...: the parameters of its `get_<modality>_features`); none for a text-only model."""
+    encode = getattr(getattr(model, "base_model", None), f"get_{modality}_features", None)
+    if encode is None or modality not in getattr(model, "input_modalities", ()):
+        return []
+    kinds = (inspect.Parameter.VAR_KEYWORD, inspect.Parameter.VAR_POSITIONAL)
+    return [p.name for p in inspect.signature(encode).parameters.values() if p.kind not in kinds]
+
+
+def text_prompt_refusal(modality: str, names: list[str], encoded: bool = False) -> ValueError:
+    given = ", ".join(f"`{name}`" for name in names)
+    given += "; generate encoded it as `mm_encoder_outputs`" if encoded else ""
+    return ValueError(
+        f"hf_tev's tree decoding takes text prompts only, and this call passes {modality} input ({given}): decode "
+        "it with plain generate (without the DFlash drafter or `tev_config`)."
+    )
+
+
+def check_text_prompt(model, encoded: dict) -> None:
+    """Refuse the image or video input generate encoded before the decoder (`mm_encoder_outputs`), naming the
+    arguments it came from; the route refuses them before generate (`refuse_encoded_inputs`)."""
+    for modality in ENCODED_MODALITIES:
+        if encoded.get(modality) is not None:
+            raise text_prompt_refusal(modality, encoder_inputs(model, modality) or ["mm_encoder_outputs"], True)
+
+
+def refuse_encoded_inputs(model, kwargs: dict) -> None:
+    """Refuse, before generate runs the model's image or video encoder, a call that passes that input (raw, or
+    encoded already as `mm_encoder_outputs`)."""
+    check_text_prompt(model, kwargs.get("mm_encoder_outputs") or {})
+    for modality in ENCODED_MODALITIES:
+        given = [name for name in encoder_inputs(model, modality) if kwargs.get(name) is not None]
+        if any(name.startswith(("pixel_values", "image_patches")) for name in given):
+            raise text_prompt_refusal(modality, given)
 
 
 def check_inputs(input_ids, model_kwargs) -> None:

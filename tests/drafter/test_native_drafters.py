@@ -309,6 +309,14 @@ def test_what_is_no_drafter_is_refused_naming_what_it_lacks():
     with pytest.raises(TypeError, match=r"has no forward\(noise_embeds="):
         target.generate(prompt_of(96), max_new_tokens=4, assistant_model=drafter, tev_config=TEVConfig())
 
+    class DraftsOnly(torch.nn.Module):  # has `draft_logits`, and nothing else a drafter has
+        def draft_logits(self, *args, **kwargs):
+            raise AssertionError("never called: refused first")
+
+    lacks = r"DraftsOnly\) has `draft_logits` but is not a DFlash drafter: it lacks check_target, target_hidden_ind"
+    with pytest.raises(TypeError, match=lacks):
+        target.generate(prompt_of(96), max_new_tokens=4, assistant_model=DraftsOnly(), tev_config=TEVConfig())
+
 
 def test_a_native_drafter_that_does_not_fit_the_target_is_named():
     target = make_target_of("qwen3")

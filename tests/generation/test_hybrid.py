@@ -5,6 +5,7 @@ the tree's ancestor mask); the commit keeps the accepted path's recurrent state 
 deeper than the conv window (kernel 4), so a deep node's window holds ancestors only, and a shallow one's reaches
 back before the root."""
 
+import functools
 import json
 
 import pytest
@@ -366,6 +367,41 @@ def test_a_qwen3_5_moe_target_gets_a_fresh_drafter_and_trains_one_from_its_saved
     trainer = cli.run(*cli.parse_args(argv))
     assert trainer.state.global_step == 1 and (tmp_path / "out" / "model.safetensors").is_file()
     assert DFlashDraftModel.from_pretrained(tmp_path / "out").config.intermediate_size == 96
+
+
+def test_an_image_prompt_is_refused_naming_the_image_input_passed(monkeypatch):
+    """The multimodal wrapper's image input is refused by the names the caller passed (`pixel_values`,
+    `image_grid_thw`), not by `mm_encoder_outputs`, generate's encoding of it; the route refuses it before generate
+    runs the vision encoder."""
+    import hf_tev
+    from hf_tev.generation import tree_speculative_decode
+
+    target = make_hybrid_target("qwen3_5")
+    target.config.image_token_id = 90  # inside the tiny vocabulary
+    drafter = make_drafter(target)
+    vision = target.config.vision_config
+    grid = torch.tensor([[1, 4, 4]])  # 16 patches, 4 image tokens after the 2 x 2 merge
+    image = dict(pixel_values=torch.randn(16, vision.in_channels * vision.temporal_patch_size * vision.patch_size**2))
+    image["image_grid_thw"] = grid
+    prompt = torch.tensor([[5, 6, 90, 90, 90, 90, 7, 8]])
+    assert target.generate(prompt, **image, max_new_tokens=3, do_sample=False).shape == (1, 11)  # plain works
+    names = r"this call passes image input \(`pixel_values`, `image_grid_thw`"
+    encode = target.model.get_image_features
+
+    @functools.wraps(encode)  # its signature, which generate and the route read
+    def never(*args, **kwargs):
+        pytest.fail("the image was encoded")
+
+    monkeypatch.setattr(target.model, "get_image_features", never)
+    with pytest.raises(ValueError, match=names + r"\): decode it with plain generate"):
+        target.generate(prompt, **image, max_new_tokens=3, assistant_model=drafter)
+    monkeypatch.setattr(target.model, "get_image_features", encode)
+    hf_tev.disable()  # transformers' own callable route: generate encodes the image before the decoder
+    try:
+        with pytest.raises(ValueError, match=names + r"; generate encoded it as `mm_encoder_outputs`\)"):
+            target.generate(prompt, **image, max_new_tokens=3, custom_generate=tree_speculative_decode, drafter=drafter)
+    finally:
+        hf_tev.enable()
 
 
 def test_multimodal_rope_positions_of_a_text_prompt_become_its_text_positions():
