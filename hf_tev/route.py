@@ -3,10 +3,12 @@
 `import hf_tev` installs one wrapper around `transformers.GenerationMixin.generate`; a call that carries
 `tev_config=` (or `custom_generate=hf_tev.tree_speculative_decode`), or passes a DFlash drafter as
 `assistant_model=` (without `speculation_type="dflash"`, transformers' own chain path), becomes transformers'
-supported `custom_generate` call of `hf_tev.generation.tree_speculative_decode` (`routed_generate`: the drafter,
-the config and the streamer bound; options generate would act on before the decoder are refused by name; token
-healing and stop strings done here, since transformers drops the tokenizer on that route); every other call
-passes through untouched. The decoder (and transformers) load on the first routed call only.
+supported `custom_generate` call of the tree decoding loop, `hf_tev.generation.decode_with_trees`
+(`routed_generate`: the drafter, the config and the streamer bound; options generate would act on before the
+decoder are refused by name; token healing and stop strings done here, since transformers drops the tokenizer on
+that route); every other call passes through untouched. Without the route, `custom_generate=tree_speculative_decode`
+is transformers' own hook, and the decoder recovers or refuses what it drops (`hf_tev.generation.callable_route`).
+The decoder (and transformers) load on the first routed call only.
 
 What keeps the route safe:
 - Importing hf_tev does not import transformers. When transformers is not loaded yet, a post-import hook
@@ -96,7 +98,7 @@ def resolved_option(model, kwargs: dict, name: str):
 
 def routed_generate(original, model, *args, **kwargs):
     """A `generate` call routed to the tree decoder (`hf_tev.route`), made transformers' `custom_generate` call
-    of `tree_speculative_decode` with the drafter, the config and the streamer bound (transformers drops the
+    of the loop (`decode_with_trees`) with the drafter, the config and the streamer bound (transformers drops the
     streamer and the tokenizer on the callable route, so `stop_strings` and `token_healing` are done here).
 
     The drafter is `assistant_model=` (or `drafter=` with `custom_generate=tree_speculative_decode`); the tree
@@ -104,7 +106,7 @@ def routed_generate(original, model, *args, **kwargs):
     else `TEVConfig()`. Options generate would act on before the decoder runs are refused here, by name.
     """
     from .config import TEVConfig
-    from .generation import tree_speculative_decode
+    from .generation import decode_with_trees
     from .generation.checks import check_prompt
 
     tev_config = kwargs.pop("tev_config", None)
@@ -128,7 +130,7 @@ def routed_generate(original, model, *args, **kwargs):
     args = _heal_tokens(model, args, kwargs)
     _stop_strings_as_criteria(model, kwargs)
     decode = functools.partial(
-        tree_speculative_decode, drafter=drafter, tev_config=tev_config, streamer=kwargs.get("streamer")
+        decode_with_trees, drafter=drafter, tev_config=tev_config, streamer=kwargs.get("streamer")
     )
     return original(model, *args, custom_generate=decode, **kwargs)
 

@@ -15,13 +15,14 @@ Modules, one concern each, in the order of a cycle (docs/design.md#the-decoding-
   `hybrid`      the tree pass of linear-attention layers (Qwen3.5, Qwen3-Next): each node on its own path
   `auto`        the automatic budget's kept state and the size stage
   `checks`      refusals and checks, before any model call
+  `callable_route`  what transformers' own callable route drops: recovered from the generate call, or refused
   `outputs`     stops, the stage clock, what generate returns
   `loop`        the loop: one cycle for every batch size
 """
 
 from .auto import automatic_budget, forget_budgets
 from .candidates import TreeCandidateGenerator
-from .loop import decode_cycle, start, tree_pass_and_verify, tree_speculative_decode
+from .loop import decode_cycle, decode_with_trees, start, tree_pass_and_verify, tree_speculative_decode
 from .outputs import TEVGenerateOutput
 
 __all__ = [
@@ -29,6 +30,7 @@ __all__ = [
     "TreeCandidateGenerator",
     "automatic_budget",
     "decode_cycle",
+    "decode_with_trees",
     "forget_budgets",
     "start",
     "tree_pass_and_verify",

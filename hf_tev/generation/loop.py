@@ -15,6 +15,7 @@ would decode alone (docs/design.md#the-decoding-loop).
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -26,6 +27,7 @@ from ..target_layers import full_length_cache, settle_tree_states
 from ..verify import VERIFIERS, coverage
 from .auto import TreeSizes, automatic_budget, probe_ratio
 from .cache import BatchTreeInputs, PromptTreeInputs
+from .callable_route import recovered_arguments
 from .candidates import TreeCandidateGenerator
 from .checks import check_batch, check_batch_target, check_supported
 from .forward import prefill, probe_tree_costs, prompt_positions, tree_forward
@@ -87,9 +89,46 @@ def tree_speculative_decode(
     tev_config: TEVConfig | dict | None = None,
     streamer=None,
     tokenizer=None,
+    stop_strings=None,
+    token_healing=None,
     **model_kwargs,
 ):
-    """The tree decoding loop, with the signature of a transformers `custom_generate` callable.
+    """The tree decoding loop as a transformers `custom_generate` callable:
+    `generate(..., custom_generate=hf_tev.tree_speculative_decode, assistant_model=drafter)`.
+
+    hf_tev's route binds what transformers drops on this route and calls `decode_with_trees` itself. Without the
+    route, transformers calls this function directly: the drafter (`assistant_model=`), the streamer and the
+    generation config's `tev_config` are taken from the generate call, and what cannot work there (`stop_strings`,
+    `token_healing`: the tokenizer is dropped) is refused by name (`callable_route`). Arguments and returns:
+    `decode_with_trees`.
+    """
+    drafter, streamer, tev_config = recovered_arguments(
+        sys._getframe(1), generation_config, drafter, streamer, tev_config, stop_strings, token_healing
+    )  # the caller: transformers' generate, on its own callable route
+    return decode_with_trees(
+        model, input_ids, logits_processor, stopping_criteria, generation_config, drafter=drafter,
+        tev_config=tev_config, streamer=streamer, **model_kwargs,
+    )  # fmt: skip
+
+
+tree_speculative_decode._hf_tev_decode = True  # the route recognises this entry in `custom_generate=`
+
+
+def decode_with_trees(
+    model,
+    input_ids: torch.LongTensor,
+    logits_processor,
+    stopping_criteria,
+    generation_config,
+    *,
+    drafter=None,
+    tev_config: TEVConfig | dict | None = None,
+    streamer=None,
+    tokenizer=None,
+    **model_kwargs,
+):
+    """The tree decoding loop, with the signature of a transformers `custom_generate` callable (the one hf_tev's
+    route binds its arguments to).
 
     Args:
         input_ids (`torch.LongTensor` of shape `(R, prompt_length)`): the prompt (with a pre-filled `cache`, the
@@ -120,9 +159,6 @@ def tree_speculative_decode(
     while state.rows:
         decode_cycle(state)
     return finish(state, input_ids.shape[1])
-
-
-tree_speculative_decode._hf_tev_decode = True  # the route recognises this entry in `custom_generate=`
 
 
 def start(model, drafter, input_ids, logits_processor, stopping_criteria, generation_config, tev_config, streamer,

@@ -10,11 +10,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import Collect, make_drafter, make_target, transformers_log
+from helpers import Collect, make_drafter, make_target, transformers_log, with_oracle
 from transformers import GenerationMixin, StoppingCriteria
 
 import hf_tev
 from hf_tev import TEVConfig
+from hf_tev.kit import kit_path
 
 REPO = Path(__file__).resolve().parents[2]
 PROMPT = torch.tensor([[1, 5, 9, 13, 7]])
@@ -141,6 +142,74 @@ def test_custom_generate_callable_entry_with_streamer_and_stop_strings():
         dict(assistant_model=drafter, tev_config=TEVConfig(budget=8)),
     ):
         assert target.generate(prompt, **kwargs, **call).tolist() == plain.tolist()
+
+
+@pytest.fixture
+def route_disabled():
+    """transformers' own callable route: `custom_generate=tree_speculative_decode` without hf_tev's route."""
+    hf_tev.disable()
+    try:
+        yield
+    finally:
+        hf_tev.enable()
+
+
+def test_the_patch_free_callable_route_honours_the_drafter_the_streamer_and_the_configs_tev_config(route_disabled):
+    """transformers drops `assistant_model` and `streamer` for a callable `custom_generate`: the decoder takes them
+    from the generate call (decoding with the drafter, streaming every token), and the generation config's
+    `tev_config`, as the route does."""
+    from transformers import GenerationConfig
+
+    from hf_tev.generation import tree_speculative_decode
+
+    target = make_target("qwen3")
+    expected = target.generate(PROMPT, do_sample=False, max_new_tokens=12)
+    drafter = with_oracle(make_drafter(target), expected)  # accepted often: the drafter's use shows in tau
+    assert not hf_tev.is_enabled()
+    streamer = Collect()
+    out = target.generate(
+        PROMPT, do_sample=False, max_new_tokens=12, custom_generate=tree_speculative_decode, assistant_model=drafter,
+        tev_config=TEVConfig(budget=6, lookup=False), streamer=streamer, return_dict_in_generate=True,
+    )  # fmt: skip
+    assert out.sequences.tolist() == expected.tolist() and out.tev_stats.tau > 1.5
+    assert streamer.tokens == expected[0].tolist() and streamer.ended  # the prompt (generate's), then every token
+    config = GenerationConfig(do_sample=False, max_new_tokens=12, tev_config={"budget": 2, "lookup": False})
+    out = target.generate(
+        PROMPT, generation_config=config, custom_generate=tree_speculative_decode, assistant_model=drafter,
+        return_dict_in_generate=True,
+    )  # fmt: skip
+    assert out.sequences.tolist() == expected.tolist() and max(out.tev_stats.tree_sizes) <= 2 + 1
+
+
+PATCH_FREE_REFUSALS = {
+    "stop_strings": (dict(stop_strings=["x"]), r"`stop_strings` cannot be matched on transformers' callable .*"
+                     r"drops `tokenizer=`.*stopping_criteria=\[StopStringCriteria"),
+    "token_healing": (dict(token_healing=True), r"`token_healing` needs the tokenizer, which transformers' callable"),
+    "synced_gpus": (dict(synced_gpus=True), r"`synced_gpus=True` asks for multi-GPU lockstep decoding"),
+    "negative_prompt_ids": (dict(negative_prompt_ids=PROMPT), r"`negative_prompt_ids=<Tensor>` asks for classifier"),
+    "drafter twice": (dict(drafter="the drafter"), r"Pass the DFlash drafter once: `assistant_model=` or `drafter=`"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", sorted(PATCH_FREE_REFUSALS))
+def test_the_patch_free_callable_route_refuses_what_it_cannot_honour_by_name(case, route_disabled, monkeypatch):
+    """What the callable route loses for good (the tokenizer, so stop strings and token healing) or what the route
+    refuses too is refused by name, before any model call, where it was dropped or failed without a word."""
+    from transformers import AutoTokenizer
+
+    from hf_tev.generation import tree_speculative_decode
+
+    target = make_target("qwen3")
+    drafter = make_drafter(target)
+    extra, message = PATCH_FREE_REFUSALS[case]
+    extra = {key: drafter if value == "the drafter" else value for key, value in extra.items()}
+    tokenizer = AutoTokenizer.from_pretrained(kit_path("target"))  # given, and dropped by transformers all the same
+    monkeypatch.setattr(type(target), "forward", lambda *a, **k: pytest.fail("the model was called"))
+    with pytest.raises(ValueError, match=message):
+        target.generate(
+            PROMPT, max_new_tokens=4, custom_generate=tree_speculative_decode, assistant_model=drafter,
+            tokenizer=tokenizer, **extra,
+        )  # fmt: skip
 
 
 def test_custom_generate_folder_from_a_local_path(monkeypatch):
