@@ -179,6 +179,7 @@ def load_models(script: ExitScriptArguments, args):
 
     from ..modeling_dflash import DFlashDraftModel
 
+    check_model_roles(script.target, script.drafter, hub=True)  # a Hub id given in the other's place, named
     set_seed(args.seed)
     dtype = script.target_dtype if script.target_dtype == "auto" else getattr(torch, script.target_dtype)
     try:

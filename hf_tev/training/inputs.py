@@ -165,21 +165,22 @@ def check_model_source(option: str, name: str, allow_pickle: bool, pickle_hint: 
 DRAFTER_OPTION = "--drafter (trl's --model_name_or_path)"
 
 
-def check_model_roles(target: str, drafter: str | None) -> None:
-    """Refuse a local folder passed in the other's place, before any model is loaded: a causal LM as the drafter
-    (trl's habit: `--model_name_or_path` names the model trained, here the drafter) or a DFlash drafter as the
-    target. A Hub id is checked by the loader (`DFlashDraftModel.from_pretrained` names a causal LM too)."""
+def check_model_roles(target: str, drafter: str | None, hub: bool = False) -> None:
+    """Refuse a model passed in the other's place, before any model is loaded: a causal LM as the drafter (trl's
+    habit: `--model_name_or_path` names the model trained, here the drafter) or a DFlash drafter as the target.
+    Local folders are read; with `hub`, a Hub id's `config.json` is fetched too (one that cannot be fetched is left
+    to the loader, which says why)."""
     from ..dflash_files import is_drafter_config_dict, model_not_drafter
 
     if drafter is not None:
-        config = _local_config(drafter)
+        config = _model_config(drafter, hub)
         what = None if config is None else model_not_drafter(config)
         if what is not None:
             raise ValueError(
                 f"{DRAFTER_OPTION} {drafter} is {what}, not a DFlash drafter; pass it as --target (the model the "
                 "drafter is trained for), and --drafter a DFlash drafter checkpoint or nothing (a fresh drafter)"
             )
-    config = _local_config(target)
+    config = _model_config(target, hub)
     if config is not None and is_drafter_config_dict(config):
         raise ValueError(
             f"--target {target} is a DFlash drafter, not a causal LM; pass it as {DRAFTER_OPTION}, and as --target "
@@ -187,9 +188,18 @@ def check_model_roles(target: str, drafter: str | None) -> None:
         )
 
 
-def _local_config(name: str) -> dict | None:
-    """The `config.json` of a local model folder as a dict (None for a Hub id or a folder without one)."""
+def _model_config(name: str, hub: bool) -> dict | None:
+    """The `config.json` of a local model folder (or, with `hub`, of a Hub id) as a dict; None when there is none
+    to read."""
     file = Path(name).expanduser() / "config.json"
+    if not file.is_file() and hub and not is_local_path(name):
+        from transformers.utils import cached_file
+
+        try:
+            found = cached_file(name, "config.json", _raise_exceptions_for_missing_entries=False)
+        except OSError:  # offline, gated, missing: the loader reports it
+            found = None
+        file = Path(found) if found else file
     if not file.is_file():
         return None
     try:

@@ -182,6 +182,27 @@ def test_a_model_passed_in_the_other_ones_place_is_named_as_such(tmp_path, capsy
         DFlashDraftModel.from_pretrained(target)
 
 
+def test_a_hub_causal_lm_given_as_the_drafter_is_named_before_the_target_loads(tmp_path, monkeypatch):
+    import transformers.utils
+
+    configs = {"org/a-target": kit_path("target"), "org/a-drafter": kit_path("drafter-dflash")}
+    fetched = []
+
+    def cached_file(name, file, **kwargs):  # the Hub, as its cache answers: config.json only
+        fetched.append((name, file))
+        return str(configs[name] / file) if name in configs else None
+
+    monkeypatch.setattr(transformers.utils, "cached_file", cached_file)
+    argv = ["--train_data", str(KIT_ROWS), "--output_dir", str(tmp_path / "o"), "--use_cpu", "--report_to", "none"]
+    script, args = cli.parse_args([*argv, "--target", "org/a-target", "--model_name_or_path", "org/a-target"])
+    with pytest.raises(ValueError, match=r"org/a-target is a causal LM \(Qwen3ForCausalLM\).*pass it as --target"):
+        cli.load_models(script, args)
+    script, args = cli.parse_args([*argv, "--target", "org/a-drafter"])
+    with pytest.raises(ValueError, match=r"--target org/a-drafter is a DFlash drafter, not a causal LM"):
+        cli.load_models(script, args)
+    assert {file for _, file in fetched} == {"config.json"}  # nothing but the configs was asked for
+
+
 # ---------------------------------------------------------------------------------------------
 # Targets load from safetensors only, unless --allow_pickle_target
 
