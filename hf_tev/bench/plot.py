@@ -1,10 +1,12 @@
 """`bench.png`: τ and SR against the tree budget (`figure`), or tokens/s and τ against the batch size
 (`batch_figure`), one column per temperature, from the `bench.json` document alone.
 
-The title names the target, the drafters, the device and the torch threads. Points are means over the prompt sets;
-their error bars are the interquartile range over prompts (`summary.prompt_spread`; of a batch bench: over batches
-for tokens/s, over rows for τ). Series at the same budget are set a few points apart so
-that equal values stay visible, and the legend sits under the axes, inside the figure.
+The title names the target, the drafters, the device and the torch threads, and says what the points and bars are.
+Points are the report's values (each pooled over its set's prompts), means over the prompt sets; their error bars
+run from the lowest to the highest prompt's own value (`summary.prompt_spread`; of a batch bench: over batches for
+tokens/s, over rows for τ), which holds the point. The SR and τ axes always show 1 (plain `generate`), drawn as a
+dashed line, so a speedup below 1 reads as one. Series at the same budget are set a few points apart so that equal
+values stay visible, and the legend sits under the axes, inside the figure.
 """
 
 from __future__ import annotations
@@ -16,6 +18,12 @@ from .methods import REFERENCE_METHOD
 from .summary import BATCH_SCHEMA, method_rank, prompt_spread, record_label, spread
 
 MEASURES = (("tau", "τ (tokens per target forward)"), ("speedup", f"SR (speedup over {REFERENCE_METHOD})"))
+RATIO_MEASURES = ("tau", "speedup")  # 1 is plain generate's value: their axes always show it
+CAPTION = (
+    "points: values pooled over each set's prompts, mean over the prompt sets; bars: lowest to highest prompt; "
+    f"dashed: 1 ({REFERENCE_METHOD})"
+)
+BATCH_CAPTION = "points: mean over the prompt sets; bars: lowest to highest batch (tokens/s) or row (τ); dashed: τ = 1"
 BATCH_MEASURES = (("tokens_per_s", "tokens/s"), ("tau", "τ (tokens per target forward)"))
 LINE_STYLES, MARKERS = ("-", "--", ":", (0, (5, 1, 1, 1))), ("o", "s", "^", "D", "v", "P")
 DODGE_POINTS = 4.0  # horizontal distance between series drawn at the same budget
@@ -46,26 +54,33 @@ def title(document: dict) -> str:
     )
 
 
-def _figure(document: dict, rows_of_legend: int):
-    """Two rows of axes, one column per temperature, titled; room under them for the legend."""
+def _figure(document: dict, rows_of_legend: int, caption: str):
+    """Two rows of axes, one column per temperature, titled (with what the points and bars are); room under them
+    for the legend."""
     import matplotlib.pyplot as plt
 
     columns = len(document["settings"]["temperatures"])
-    size = (max(6.5, 5.2 * columns), 7.2 + 0.24 * rows_of_legend)
+    size = (max(6.5, 5.2 * columns), 7.4 + 0.24 * rows_of_legend)
     figure, axes = plt.subplots(2, columns, figsize=size, squeeze=False, layout="constrained")
-    figure.suptitle(title(document), fontsize=10)
+    figure.suptitle(f"{title(document)}\n{caption}", fontsize=9)
     return figure, axes
 
 
-def _dress_axes(ax, ticks: dict, xlabel: str, ylabel: str, heading: str) -> None:
+def _dress_axes(ax, ticks: dict, xlabel: str, ylabel: str, heading: str, one: bool = False) -> None:
     """A log2 x axis (linear from 0 to 1 when a tick is at 0) with the `ticks` (position -> label), the labels, a
-    light grid, and limits that hold every point drawn (the dodged series are not counted by autoscaling)."""
+    light grid, and limits that hold every point drawn (the dodged series are not counted by autoscaling); with
+    `one`, a dashed line at y = 1 and a y axis that shows it."""
     if any(position == 0 for position in ticks):
         ax.set_xscale("symlog", base=2, linthresh=1, linscale=0.5)
     else:
         ax.set_xscale("log", base=2)
     ax.relim()
     ax.autoscale_view()
+    if one:
+        ax.axhline(1.0, color="0.35", linewidth=0.9, linestyle="--", zorder=0)
+        low, high = ax.get_ylim()
+        pad = 0.05 * max(high - low, 0.1)
+        ax.set_ylim(min(low, 1.0 - pad), max(high, 1.0 + pad))
     ax.set_xticks(list(ticks), list(ticks.values()))
     ax.minorticks_off()
     ax.set_xlabel(xlabel)
@@ -97,8 +112,8 @@ def _dodged(ax, index: int, count: int):
 
 
 def _point(records, field: str) -> tuple[float, float, float]:
-    """The mean of `field` over `records` (prompt sets) and the IQR over prompts below and above it (0 without
-    per-prompt values; a mean outside the IQR gets no bar on that side)."""
+    """The mean of `field` over `records` (prompt sets) and how far the lowest and highest prompt's own value lie
+    below and above it (0 without per-prompt values)."""
     value = statistics.fmean(r[field] for r in records)
     spread = prompt_spread(records, field)
     if spread is None:
@@ -136,13 +151,14 @@ def budget_positions(records) -> tuple[dict, dict]:
 
 
 def budget_figure(document: dict):
-    """τ and SR against the budget, one column per temperature (means over prompt sets, IQR over prompts). The
+    """τ and SR against the budget, one column per temperature (means over prompt sets, bars from the lowest to the
+    highest prompt, a dashed line at 1). The
     automatic budget is a hollow point at `auto`; a method without a budget is a point at `no B` and a thin
     horizontal line across."""
     records, temperatures = document["records"], document["settings"]["temperatures"]
     positions, ticks = budget_positions(records)
     drafters = list(dict.fromkeys(r["drafter"] for r in records if r["drafter"] is not None))
-    figure, axes = _figure(document, _legend_rows([record_label(r, budget=False) for r in records]))
+    figure, axes = _figure(document, _legend_rows([record_label(r, budget=False) for r in records]), CAPTION)
 
     def style(record):  # colour per method, line style and marker per drafter
         at = drafters.index(record["drafter"]) if record["drafter"] else 0
@@ -174,14 +190,15 @@ def budget_figure(document: dict):
                     _draw(ax, [positions[single]], [point], shift, look, **hollow)
                     if single is None:
                         ax.axhline(point[0], color=look["color"], linewidth=0.8, alpha=0.6)
-            _dress_axes(ax, ticks, "tree budget B (drafted nodes)", name, f"{name}, T = {temperature:g}")
+            heading = f"{name}, T = {temperature:g}"
+            _dress_axes(ax, ticks, "tree budget B (drafted nodes)", name, heading, one=field in RATIO_MEASURES)
     _legend(figure, axes)
     return figure
 
 
 def _batch_point(records, field: str) -> tuple[float, float, float]:
-    """The mean of `field` over `records` (prompt sets) and the IQR of its spread: over batches for tokens/s
-    (`per_batch`), over rows for τ (`tau_rows`)."""
+    """The mean of `field` over `records` (prompt sets) and its spread, the lowest to the highest: over batches for
+    tokens/s (`per_batch`), over rows for τ (`tau_rows`)."""
     value = statistics.fmean(r[field] for r in records)
     if field == "tau":
         found = spread([v for r in records for v in r.get("tau_rows") or []])
@@ -192,11 +209,11 @@ def _batch_point(records, field: str) -> tuple[float, float, float]:
 
 def batch_figure(document: dict):
     """tokens/s and τ against the batch size, one column per temperature (means over prompt sets; error bars: the
-    IQR over batches of tokens/s and over rows of τ). Colour per method, line style per budget."""
+    lowest to the highest batch of tokens/s and row of τ). Colour per method, line style per budget."""
     records, temperatures = document["records"], document["settings"]["temperatures"]
     sizes = sorted({r["batch_size"] for r in records})
     budgets = sorted({str(r["budget"]) for r in records}, key=lambda b: (b != "None", b == "auto", len(b), b))
-    figure, axes = _figure(document, _legend_rows([record_label(r) for r in records]))
+    figure, axes = _figure(document, _legend_rows([record_label(r) for r in records]), BATCH_CAPTION)
     for column, temperature in enumerate(temperatures):
         at_t = [r for r in records if r["temperature"] == temperature]
         series = list(dict.fromkeys(record_label(r) for r in at_t))
@@ -216,6 +233,7 @@ def batch_figure(document: dict):
                     marker=MARKERS[at % len(MARKERS)],
                 )
                 _draw(ax, xs, points, _dodged(ax, index, len(series)), look)
-            _dress_axes(ax, {s: str(s) for s in sizes}, "batch size R", name, f"{name}, T = {temperature:g}")
+            heading = f"{name}, T = {temperature:g}"
+            _dress_axes(ax, {s: str(s) for s in sizes}, "batch size R", name, heading, one=field in RATIO_MEASURES)
     _legend(figure, axes)
     return figure

@@ -2,7 +2,7 @@
 
 `markdown_report(document)` gives `bench.md` (tables shaped like the paper's Tables 1, 5 and 3 under headings that
 say what they hold, the automatic budget's choices and the hf_tev cycle breakdown, each value with its
-interquartile range over prompts), `plot_report` (`plot.py`) draws `bench.png`, `write_outputs` writes all three
+lowest and highest prompt's own value), `plot_report` (`plot.py`) draws `bench.png`, `write_outputs` writes all three
 files and `write_report` the two rendered ones (`hf-tev bench report DIR/bench.json`); `read_document` reads a
 stored `bench.json` and says what it lacks; `check_output_folder` refuses, before a run, a folder it cannot write
 or whose earlier results it would replace. Methods are ordered, coloured and named in Table 3 from the registry.
@@ -42,9 +42,10 @@ READING_GUIDE = (
     "automatic budget). Avg columns and means are over the prompt sets."
 )
 SPREAD_GUIDE = (
-    "In parentheses beside a value: the interquartile range over prompts (25th to 75th percentile of each "
-    "prompt's own value; the prompts of every set pooled where the value is a mean over prompt sets). It says how "
-    "much prompts differ; a value pooled over prompts (a ratio of sums, a median over cycles) can lie outside it."
+    "A value is pooled over the prompts of its set (SR, τ and tokens/s: ratios of sums; tree sizes: means over "
+    "every prompt's cycles; stage times: medians over every prompt's runs), and an avg column is the mean of the "
+    "sets' values. In parentheses beside it: the lowest and the highest prompt's own value (the prompts of every "
+    "set pooled for an avg), between which the pooled value always lies. It says how much prompts differ."
 )
 NO_SPREAD_GUIDE = "This bench.json keeps no per-prompt values (hf_tev records them from 0.1.0 on): no spread is shown."
 
@@ -64,8 +65,8 @@ def _fmt(value, spec=".2f"):
 def with_spread(
     value, records, field: str, spec: str = ".2f", scale: float = 1.0, unit: str = "", per: str = "per_prompt"
 ) -> str:
-    """`value` (scaled, formatted) and, in parentheses, the IQR over prompts (`per`: over batches) of `field` in
-    `records`."""
+    """`value` (scaled, formatted) and, in parentheses, the lowest and highest prompt's (`per`: batch's) own value
+    of `field` in `records` (`summary.spread`)."""
     if value is None:
         return "—"
     text = format(value * scale, spec) + unit
@@ -78,6 +79,16 @@ def with_spread(
 
 def _percent_spread(value, records, field: str) -> str:
     return with_spread(value, records, field, ".1f", 100, "%")
+
+
+def shorter_or_longer(reduction) -> str:
+    """A reduction `1 - ms / reference_ms` in words: `15.2% shorter`, `3.1% longer`, or `same` (to 0.1%)."""
+    if reduction is None:
+        return "—"
+    percent = format(100 * abs(reduction), ".1f")
+    if percent == "0.0":
+        return "same"
+    return f"{percent}% {'shorter' if reduction > 0 else 'longer'}"
 
 
 def _rows_of(records, key) -> list[dict]:
@@ -184,19 +195,20 @@ def _verifier_stage(at_t, sets, temperature) -> list[str]:
         for name in sets:
             found = [by_set[name]] if name in by_set else []
             cells.append(with_spread(mean(r["verifier_stage_ms"] for r in found), found, "verifier_stage_ms", ".3f"))
-            reduction = mean(r.get("verifier_stage_reduction") for r in found)
-            cells.append(_percent_spread(reduction, found, "verifier_stage_reduction"))
+            cells.append(shorter_or_longer(mean(r.get("verifier_stage_reduction") for r in found)))
         cells.append(with_spread(mean(r["verifier_stage_ms"] for r in mine), mine, "verifier_stage_ms", ".3f"))
-        reduction = mean(r.get("verifier_stage_reduction") for r in mine)
-        cells.append(_percent_spread(reduction, mine, "verifier_stage_reduction"))
+        cells.append(shorter_or_longer(mean(r.get("verifier_stage_reduction") for r in mine)))
         rows.append(cells)
     title = f"## Verifier stage per cycle on the same trees, T = {temperature:g} (the paper's Table 3)"
     intro = (
         "ms per cycle of each verifier's logits processing, decision and cache commit, the tree forward excluded, "
-        f"timed right after its own tree pass over the same tree; red.: the reduction against {REFERENCE_VERIFIER} "
-        "(DDTree)."
+        f"timed right after its own tree pass over the same tree; vs {REFERENCE_VERIFIER}: how much shorter or "
+        f"longer that stage is than {REFERENCE_VERIFIER}'s (DDTree's), as a fraction of {REFERENCE_VERIFIER}'s "
+        "time (one ratio of the two medians, so no spread)."
     )
-    header = ["B", "drafter", "verifier", *[f"{s} {w}" for s in sets for w in ("ms", "red.")], "avg ms", "avg red."]
+    versus = f"vs {REFERENCE_VERIFIER}"
+    per_set = [f"{s} {w}" for s in sets for w in ("ms", versus)]
+    header = ["B", "drafter", "verifier", *per_set, "avg ms", f"avg {versus}"]
     return ["", title, "", intro, "", *markdown_table(header, rows)]
 
 
@@ -237,7 +249,7 @@ def _cycle_breakdown(at_t, temperature) -> list[str]:
 
 def _machine_line(document: dict, prompts_note: str = "") -> str:
     settings, machine = document["settings"], document["machine"]
-    loads = " -> ".join(f"{x:.2f}" for x in machine["load_average"])
+    loads = " -> ".join("n/a" if x is None else f"{x:.2f}" for x in machine["load_average"])  # None: no getloadavg
     return (
         f"{machine['device_name'] or machine['device']} ({machine['device']}, {machine['dtype']}), "
         f"{machine['cpu_count']} cores, torch threads {machine['torch_threads']}, load average {loads}; torch "
@@ -331,7 +343,7 @@ def batch_markdown(document: dict) -> str:
         "beside it); draft ms: the batch's drafter call (every row's block), per cycle; exact: every row equals "
         "its prompt's own plain greedy generate alone (= batched ar: equals plain batched generate's row too)."
         + (
-            " In parentheses: the interquartile range over the batches."
+            " In parentheses: the lowest and the highest batch's own value (the value is pooled over the batches)."
             if has_prompt_values(document, "per_batch")
             else ""
         ),

@@ -52,16 +52,18 @@ def prompt_values(records, field: str, per: str = "per_prompt") -> list[float]:
 
 
 def spread(values) -> tuple[float, float] | None:
-    """The interquartile range (25th and 75th percentiles, inclusive method) of `values`; None with fewer than
-    two."""
+    """The lowest and the highest of `values`; None with fewer than two.
+
+    A record's value is pooled over its prompts (a ratio of sums such as SR and τ, a mean over every prompt's
+    cycles, a median over every prompt's runs), which lies between the lowest and the highest prompt's own value,
+    so the report's `value (low–high)` always holds its value; an interquartile range need not."""
     if len(values) < 2:
         return None
-    low, _, high = statistics.quantiles(values, n=4, method="inclusive")
-    return low, high
+    return min(values), max(values)
 
 
 def prompt_spread(records, field: str, per: str = "per_prompt") -> tuple[float, float] | None:
-    """The interquartile range of every prompt's (or batch's) own value of `field` in `records`."""
+    """The lowest and highest of every prompt's (or batch's) own value of `field` in `records`."""
     return spread(prompt_values(records, field, per))
 
 
