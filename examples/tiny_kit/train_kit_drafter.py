@@ -323,7 +323,7 @@ def evaluate(args):
                     input_ids,
                     assistant_model=drafter,
                     max_new_tokens=args.max_new_tokens,
-                    tev_config=hf_tev.TEVConfig(budget=args.budget),
+                    tev_config=hf_tev.TEVConfig(budget=args.budget, lookup=False),  # the drafter's own tau
                     return_dict_in_generate=True,
                     **sampling,
                 )
