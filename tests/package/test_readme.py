@@ -126,7 +126,7 @@ def test_every_rule_and_substitution_still_matches_the_readme():
     assert set(re.findall(r"^```(\w*)", README, flags=re.M)) - {""} == {"python", "bash"}  # nothing else to run
 
 
-def test_the_python_blocks_run_in_order_in_one_session(standin, tmp_path, monkeypatch, capsys):
+def test_the_python_blocks_run_in_order_in_one_session(standin, tmp_path, monkeypatch, capfd):
     monkeypatch.chdir(tmp_path)  # the training block writes "out"
     used, namespace = set(), {"__name__": "__readme__"}
     for number, block in enumerate(blocks("python")):
@@ -134,7 +134,10 @@ def test_the_python_blocks_run_in_order_in_one_session(standin, tmp_path, monkey
         exec(compile(code, f"README.md python block {number}", "exec"), namespace)
     assert used == {w for w, _, _ in SUBSTITUTIONS}
     assert (tmp_path / "out" / "model.safetensors").is_file() and (tmp_path / "out" / "config.json").is_file()
-    assert namespace["pipe"] is not None and capsys.readouterr().out.count("\n") >= 4  # every block printed
+    out, err = capfd.readouterr()
+    assert namespace["pipe"] is not None and out.count("\n") >= 4  # every block printed
+    warned = [line for line in err.splitlines() if "warn" in line.lower()]
+    assert len(warned) == len(set(warned)), f"a warning printed twice: {warned}"
 
 
 @pytest.mark.parametrize("prefix", RUN)
