@@ -98,11 +98,12 @@ def own_sliding_drafter(
     )
 
 
-def with_oracle(drafter, reference):
+def with_oracle(drafter, reference, boost: float = 40.0):
     """Make a drafter that mostly knows the target's greedy continuation `reference` (so trees get accepted).
 
     Depth d of a block rooted at position n boosts `reference[n + d]`; every third position gets a small boost
     only, so the right token is often not the drafter's first choice and only a branching tree catches it.
+    `boost` is the large boost (the small one is a tenth of it): a real target's draft logits span more.
     """
     real = drafter.draft_logits
 
@@ -112,7 +113,7 @@ def with_oracle(drafter, reference):
         for depth in range(1, logits.shape[1] + 1):
             position = root_position + depth
             if position < reference.shape[1]:
-                logits[0, depth - 1, reference[0, position]] += 40.0 if position % 3 else 4.0
+                logits[0, depth - 1, reference[0, position]] += boost if position % 3 else boost / 10
         return logits
 
     drafter.draft_logits = draft_logits
