@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..config import temperature_sampling
 from .inputs import PROMPT_COLUMNS, check_model_roles, check_model_source, read_prompts, read_rows
 from .script_args import ExitScriptArguments, build_parser, parse_args, read_config
 
@@ -46,11 +47,9 @@ PICKLE_DRAFTER_HINT = "DFlash drafters load from safetensors only (save_pretrain
 
 
 def _response_kwargs(temperature: float | None) -> dict[str, Any]:
-    if temperature is None:
-        return {}
-    if temperature == 0:
-        return {"do_sample": False}
-    return {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0}
+    """`generate`'s sampling arguments of the target's responses: its generation config's at None, else pure
+    temperature sampling (`hf_tev.config.temperature_sampling`)."""
+    return {} if temperature is None else temperature_sampling(temperature)
 
 
 # ----------------------------------------------------------------------------------------------

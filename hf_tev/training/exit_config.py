@@ -48,11 +48,11 @@ class ExitTrainingArguments(TrainingArguments):
         ce_decay (`bool` or `None`, *optional*, defaults to `None`):
             Whether the cross-entropy is position-decayed with `gamma`. `None`: only for `"dflash"` (the
             standard DFlash recipe); `"exit"` / `"prefix"` then use the plain mean over supervised block
-            positions, as the released ExitTrain code does. `True` restores the decayed CE of earlier hf_tev.
+            positions, as the released ExitTrain code does. `True` restores the decayed CE of hf_tev before 0.1.0.
         tree_normalization (`str`, *optional*, defaults to `"nodes"`):
             `"nodes"`: the tree loss of a batch, `sum_trees sum_v weight(v) * -log q(x_v)`, is divided by the
             number of drafted tree nodes of those trees (the released code); `"weight_sum"`: each tree is
-            divided by its own weight sum and the trees are averaged (earlier hf_tev; a 27-230x larger tree
+            divided by its own weight sum and the trees are averaged (hf_tev before 0.1.0; a 27-230x larger tree
             term with exit weights, so `tree_weight` must be re-tuned).
         anchors_per_sequence (`int`, *optional*, defaults to `32`):
             Random anchor positions (starts of drafted blocks) per training sequence and step; every
@@ -60,7 +60,7 @@ class ExitTrainingArguments(TrainingArguments):
         tree_anchors (`str`, *optional*, defaults to `"full_horizon"`):
             Which anchors get a tree: `"full_horizon"`: those whose whole horizon (the block_size - 1 following
             tokens) is supervised and inside the sequence (the released code); `"all"`: every anchor
-            (earlier hf_tev). The cross-entropy covers every anchor either way.
+            (hf_tev before 0.1.0). The cross-entropy covers every anchor either way.
         tree_context_window (`int` or `None`, *optional*, defaults to `None`):
             Context the target sees when it scores a tree. `None`: the whole sequence before the anchor
             (closer to inference). `W`: only the last W tokens before the anchor, hidden by the attention mask

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..config import TEVConfig
+from ..config import TEVConfig, temperature_sampling
 
 
 @dataclass
@@ -48,10 +48,7 @@ def tree_decode(
     it came in.
     """
     device = next(target.parameters()).device
-    if temperature == 0:
-        sampling = dict(do_sample=False)
-    else:
-        sampling = dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0)
+    sampling = temperature_sampling(temperature)
     was_training = drafter.training
     drafter.eval()
     try:

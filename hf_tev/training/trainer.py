@@ -13,7 +13,7 @@ trainer.push_to_hub("me/my-exittrained-drafter", dataset_description="...")
 ```
 
 The defaults of the objectives "exit" and "prefix" follow the authors' released training code (hsj576/TEV,
-SpecForge `exittrain`); every difference to earlier hf_tev versions is a knob of `ExitTrainingArguments`
+SpecForge `exittrain`); every difference to hf_tev before 0.1.0 is a knob of `ExitTrainingArguments`
 (`exit_config.py`).
 
 `ExitTrainer` is the list of `Trainer` hooks below; the work they do lives beside it:
