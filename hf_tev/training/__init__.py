@@ -1,11 +1,10 @@
 """ExitTrain: exit-guided training of DFlash drafters (docs/design.md#exittrain).
 
 Data:
-- `columns`: the dataset column names;
-- `prompts`: prompts as token ids (`encode_prompt`) and the target's padding / EOS ids;
-- `data_generation`: target-written training rows (`generate_training_data`: written as they come, resumable);
-- `rows`: the check of one row (`row_tensors`);
-- `data`: the check of every row before training (`check_rows`) and `ExitDataCollator`;
+- `rows`: one row: the dataset column names, its check (`row_tensors`), its prompt; prompts as token ids
+  (`encode_prompt`) and the target's padding / EOS ids;
+- `data`: target-written training rows (`generate_training_data`: written as they come, resumable), the check of
+  every row before training (`check_rows`) and `ExitDataCollator`;
 - `features`: the target features a drafter reads, computed once and memory-mapped (`FeatureCache`,
   `CachedFeatureDataset`): the standard objective then trains without target forwards.
 Training:
@@ -31,9 +30,7 @@ The loss maths itself is `hf_tev.exit_loss` (plain torch).
 """
 
 from .batch import block_attention_mask, block_labels, sample_anchors, tree_batch_inputs
-from .columns import CONTEXT_FEATURES, INPUT_IDS, LOSS_MASK, PROMPT_LENGTH
-from .data import ExitDataCollator, check_dataset, check_rows
-from .data_generation import generate_training_data
+from .data import ExitDataCollator, check_dataset, check_rows, generate_training_data
 from .eval_tau import decoded_block_lengths
 from .exit_config import TRAINING_OBJECTIVES, TREE_ANCHORS, ExitTrainingArguments
 from .features import CachedFeatureDataset, FeatureCache, compute_context_features
@@ -46,7 +43,7 @@ from .hub import (
     trainer_model_card,
 )
 from .opd import Rollout, collect_rollouts, opd_loss
-from .rows import row_tensors
+from .rows import CONTEXT_FEATURES, INPUT_IDS, LOSS_MASK, PROMPT_LENGTH, row_tensors
 from .trainer import ExitTrainer
 
 __all__ = [

@@ -318,7 +318,7 @@ def _hold_out(items: list, eval_size: int, what: str, source: str) -> tuple[list
 def _responder(script, args, target, tokenizer, data_dir: Path):
     """`answer(prompts, file name, source)`: the rows of `prompts` with the target's responses
     (`generate_training_data`), written to `data_dir / name` and resumed from it by a rerun."""
-    from .data_generation import generate_training_data
+    from .data import generate_training_data
 
     def answer(prompts, name: str, source: str):
         return generate_training_data(

@@ -9,9 +9,9 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from .data import plain_rows, row_prompt
-from .prompts import pad_token_id_of
+from .data import plain_rows
 from .rollout import tree_decode
+from .rows import pad_token_id_of, row_prompt
 
 
 def decoded_block_lengths(

@@ -41,8 +41,7 @@ import torch
 from filelock import FileLock
 from torch.nn.utils.rnn import pad_sequence
 
-from .columns import CONTEXT_FEATURES, INPUT_IDS, LOSS_MASK
-from .rows import row_tensors
+from .rows import CONTEXT_FEATURES, INPUT_IDS, LOSS_MASK, row_tensors
 
 FEATURES_NAME = "features.bin"
 INDEX_NAME = "index.json"

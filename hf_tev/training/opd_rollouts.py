@@ -9,8 +9,9 @@ from pathlib import Path
 
 import torch
 
-from .data import plain_rows, row_prompt
+from .data import plain_rows
 from .opd import Rollout, collect_rollouts
+from .rows import row_prompt
 from .seeds import DrawCounter, seeded_generator
 
 

@@ -20,9 +20,9 @@ import torch
 from ..exit_loss import edge_probs, exittrain_loss
 from ..tree import build_tree
 from .batch import block_labels, sample_anchors, tree_batch_inputs
-from .columns import CONTEXT_FEATURES, INPUT_IDS, LOSS_MASK
 from .forwards import draft_blocks, target_context
 from .metrics import StepSize
+from .rows import CONTEXT_FEATURES, INPUT_IDS, LOSS_MASK
 
 
 @dataclass

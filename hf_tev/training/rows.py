@@ -1,16 +1,27 @@
-"""The check of one training row (`row_tensors`): its token ids and the tokens it supervises, or a ValueError that
-says what is wrong with it. `data` checks every row of a dataset with it before training, `features` every row it
-computes features for."""
+"""One training row: its columns, its check (`row_tensors`: its token ids and the tokens it supervises, or a
+ValueError that says what is wrong with it), its prompt (`row_prompt`), prompts as token ids (`encode_prompt`:
+strings, chat conversations or token-id lists) and the target's padding / EOS ids.
 
+`data` checks every row of a dataset with `row_tensors` before training, `features` every row it computes features
+for.
+"""
+
+# Apart from `data` to break a cycle: `features` checks rows here, and `data` reads `features`' datasets.
 from __future__ import annotations
 
 import numbers
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 
-from .columns import INPUT_IDS, LOSS_MASK, PROMPT_LENGTH
+# The dataset columns of training rows and batches (see `data.ExitDataCollator`).
+INPUT_IDS = "input_ids"
+LOSS_MASK = "loss_mask"
+PROMPT_LENGTH = "prompt_length"
+CONTEXT_FEATURES = "context_features"
+# Batch only: 1 on real tokens, 0 on padding.
+ATTENTION_MASK = "attention_mask"
 
 
 def row_tensors(
@@ -86,3 +97,75 @@ def _prompt_length(value, where: str) -> int:
             f"{where}: '{PROMPT_LENGTH}' must be an int >= 0 (prompt tokens, not supervised), got {value!r}"
         )
     return int(value)
+
+
+def row_prompt(row: Mapping[str, Any], where: str = "a row") -> list[int]:
+    """The prompt of a row: its tokens before the first supervised one (at least one token)."""
+    ids, mask = row_tensors(row, where=where)
+    first = int(mask.nonzero()[0]) if mask.any() else len(ids)
+    return ids[: max(1, first)].tolist()
+
+
+def encode_prompt(prompt, tokenizer, apply_chat_template: bool) -> list[int]:
+    """The token ids of one prompt: a chat conversation (the turns before the first assistant turn, always through
+    the chat template), a token-id list, or a string (the tokenizer; one user turn with `apply_chat_template`)."""
+    if is_conversation(prompt):
+        if tokenizer is None:
+            raise ValueError("chat prompts need a tokenizer with a chat template")
+        turns = []
+        for turn in prompt:
+            if turn.get("role") == "assistant":
+                break
+            turns.append({"role": turn["role"], "content": turn["content"]})
+        if not turns:
+            raise ValueError("a chat prompt needs a turn before the first assistant turn")
+        ids = tokenizer.apply_chat_template(turns, add_generation_prompt=True, tokenize=True, return_dict=False)
+        return list(ids)
+    if not isinstance(prompt, str):
+        ids = [int(token) for token in prompt]
+        if not ids:
+            raise ValueError("an empty prompt cannot be continued")
+        return ids
+    if tokenizer is None:
+        raise ValueError("string prompts need a tokenizer (or pass token-id lists)")
+    if apply_chat_template:
+        ids = tokenizer.apply_chat_template(
+            [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True, return_dict=False
+        )
+    else:
+        ids = tokenizer(prompt)["input_ids"]
+    return list(ids)
+
+
+def pad_token_id_of(target, tokenizer) -> int:
+    """The padding id: the tokenizer's, the target's generation config's or config's, else the smallest EOS id
+    (else 0)."""
+    for source in (tokenizer, getattr(target, "generation_config", None), target.config):
+        pad = getattr(source, "pad_token_id", None)
+        if pad is not None:
+            return int(pad)
+    eos = eos_token_ids(target, tokenizer)
+    return min(eos) if eos else 0
+
+
+def eos_token_ids(target, tokenizer, eos=None) -> set[int]:
+    """The ids that end a response: `eos` when given, else the target's generation config's, else the
+    tokenizer's."""
+    if eos is None:
+        eos = getattr(getattr(target, "generation_config", None), "eos_token_id", None)
+    if eos is None:
+        eos = getattr(tokenizer, "eos_token_id", None)
+    if eos is None:
+        return set()
+    return {int(eos)} if isinstance(eos, int) else {int(token) for token in eos}
+
+
+def is_conversation(prompt) -> bool:
+    """True for a chat conversation: a non-empty list of `{"role", "content"}` dicts."""
+    return (
+        isinstance(prompt, Sequence)
+        and not isinstance(prompt, str)
+        and len(prompt) > 0
+        and isinstance(prompt[0], Mapping)
+        and "role" in prompt[0]
+    )

@@ -60,8 +60,8 @@ from .exit_config import ExitTrainingArguments
 from .metrics import FlopCounter, StepMetrics
 from .opd import replay_loss
 from .opd_rollouts import RolloutPool
-from .prompts import encode_prompt, pad_token_id_of
 from .row_loss import StepLoss, rows_loss
+from .rows import encode_prompt, pad_token_id_of
 from .seeds import DrawCounter, seeded_generator
 
 

@@ -16,7 +16,7 @@ from hf_tev.training import (
     check_rows,
     generate_training_data,
 )
-from hf_tev.training.data_generation import settings_file
+from hf_tev.training.data import settings_file
 
 VOCAB = 96  # make_target's vocabulary
 
@@ -218,7 +218,7 @@ def test_progress_bar_shows_tokens_per_second(target, capsys):
 
 
 def test_chat_prompts_use_the_turns_before_the_first_answer():
-    from hf_tev.training.prompts import encode_prompt
+    from hf_tev.training.rows import encode_prompt
 
     class Tokenizer:
         def apply_chat_template(self, turns, add_generation_prompt, tokenize, return_dict):
