@@ -6,14 +6,22 @@ model work; `check_checkpoint_drafter`: its weights against the drafter being tr
 (Adam moments at zero) and a fresh learning-rate schedule, without `trainer_state.json` from step 0, and it says
 nothing. Resuming promises to continue the run that stopped, so an incomplete or damaged checkpoint is refused
 before any model work; to start a new run from a checkpoint's weights, load them as the drafter instead.
+
+Seeds of the trainer's random draws (anchors, the Draft-OPD cycles it replays): each draw gets its own CPU
+generator seeded by what identifies it (seed, step, draw within the step, process: `seeded_generator`,
+`DrawCounter`), so a run resumed from a checkpoint draws exactly what an uninterrupted one would, every process
+draws its own, and the global RNG is left alone.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import zipfile
+from collections.abc import Hashable
 from pathlib import Path
 
+import torch
 from transformers.trainer import OPTIMIZER_NAME, SCHEDULER_NAME, TRAINER_STATE_NAME
 from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME
 
@@ -57,7 +65,7 @@ def check_checkpoint(path, optimizer: bool = True) -> Path:
             _check_torch_file(file, hint)
     for file in sorted(folder.glob("rng_state*.pth")):
         _check_torch_file(file, hint)
-    for file in sorted(folder.glob("opd_rollouts_*.json")):  # the Draft-OPD rollouts of the run (`opd_rollouts`)
+    for file in sorted(folder.glob("opd_rollouts_*.json")):  # the run's Draft-OPD rollouts (`RolloutPool`)
         _check_json_file(file, hint)
     return folder
 
@@ -146,3 +154,26 @@ def _check_json_file(file: Path, hint: str):
             f"{file} is damaged (not valid JSON: line {error.lineno} column {error.colno}: {error.msg}; was it cut "
             f"off while being written?); {hint}"
         ) from None
+
+
+# ----------------------------------------------------------------------------------------------
+# Seeds of the random draws
+
+
+def seeded_generator(*parts) -> torch.Generator:
+    """A CPU generator seeded by a hash of `parts` joined by "/" (e.g. `seed, "train", step, draw, process`)."""
+    text = "/".join(str(part) for part in parts)
+    return torch.Generator().manual_seed(int.from_bytes(hashlib.sha256(text.encode()).digest()[:7], "little"))
+
+
+class DrawCounter:
+    """Numbers the draws made under one key (e.g. an optimizer step): 0, 1, ... while the key stays the same, 0
+    again when it changes (gradient accumulation draws several times per step)."""
+
+    def __init__(self):
+        self.key, self.draws = None, 0
+
+    def next(self, key: Hashable) -> int:
+        self.draws = self.draws + 1 if self.key == key else 0
+        self.key = key
+        return self.draws

@@ -247,7 +247,7 @@ def train_and_publish(
     """Train (resuming from the checkpoint `resume`), evaluate, save the drafter and its model card (and push
     them); the main process prints a one-line summary. Returns the trainer."""
     from . import hub
-    from .trainer import ExitTrainer
+    from .exit_trainer import ExitTrainer
 
     trainer = ExitTrainer(
         model=drafter,

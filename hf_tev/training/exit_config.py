@@ -1,6 +1,6 @@
 """`ExitTrainingArguments`: every knob of ExitTrain on top of `transformers.TrainingArguments`, with the objectives
 and tree-anchor rules it accepts (the arguments apart from the trainer, as trl splits `*_config.py` from
-`*_trainer.py`; `ExitTrainer` is in `trainer.py`)."""
+`*_trainer.py`; `ExitTrainer` is in `exit_trainer.py`)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from transformers import TrainingArguments
 
 from ..exit_loss import OBJECTIVES, TREE_NORMALIZATIONS
 
-# The objectives the trainer knows: the exit_loss ones, and "opd" (Draft-OPD, `opd.py`: rollouts + replay).
+# The objectives the trainer knows: the exit_loss ones, and "opd" (Draft-OPD: `rollouts.py`, `losses.py`).
 TRAINING_OBJECTIVES = (*OBJECTIVES, "opd")
 
 # Which anchors get a tree: those whose whole horizon (block_size - 1 following tokens) is supervised and

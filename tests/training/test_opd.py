@@ -1,6 +1,7 @@
-"""Draft-OPD (`objective="opd"`, hf_tev/training/opd.py) on tiny random models: the rollouts' cycles, the replay
-teachers against direct target forwards, the loss, training (loss down, rollouts refreshed at the knob's interval,
-their tau logged), save / reload / resume, the model card, `hf-tev train --objective opd`, bad knobs."""
+"""Draft-OPD (`objective="opd"`, hf_tev/training/rollouts.py and losses.py) on tiny random models: the rollouts'
+cycles, the replay teachers against direct target forwards, the loss, training (loss down, rollouts refreshed at the
+knob's interval, their tau logged), save / reload / resume, the model card, `hf-tev train --objective opd`, bad
+knobs."""
 
 import sys
 
@@ -20,19 +21,12 @@ from helpers import (
     training_rows,
 )
 
-import hf_tev.training.opd_rollouts as opd_rollouts
+import hf_tev.training.rollouts as rollouts_module
 from hf_tev.kit import kit_path
 from hf_tev.modeling_dflash import DFlashDraftModel
 from hf_tev.training import ExitTrainer
-from hf_tev.training.opd import (
-    accepted_depths,
-    collect_rollouts,
-    opd_loss,
-    replay_chains,
-    replay_teacher_logits,
-    rollout_batch,
-    rollout_from_lengths,
-)
+from hf_tev.training.losses import accepted_depths, opd_loss, replay_chains, replay_teacher_logits, rollout_batch
+from hf_tev.training.rollouts import collect_rollouts, rollout_from_lengths
 
 
 @pytest.fixture(scope="module")
@@ -159,7 +153,7 @@ def test_rollouts_are_refreshed_at_the_knobs_interval_with_the_current_drafter(t
         calls.append((trainer.state.global_step, drafter.fc.weight.detach().clone(), len(prompts), kwargs))
         return collect_rollouts(target_model, drafter, prompts, **kwargs)
 
-    monkeypatch.setattr(opd_rollouts, "collect_rollouts", recording)
+    monkeypatch.setattr(rollouts_module, "collect_rollouts", recording)
     args = opd_args(tmp_path, max_steps=5, opd_refresh_steps=2, learning_rate=1e-2, opd_rollout_temperature=0.0)
     trainer = ExitTrainer(model=training_drafter(target), target_model=target, args=args, train_dataset=opd_rows())
     trainer.train()

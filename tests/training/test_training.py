@@ -20,9 +20,9 @@ from huggingface_hub import ModelCard
 from safetensors import safe_open
 
 import hf_tev
-import hf_tev.training.eval_tau as eval_tau
 import hf_tev.training.hub as hub
-import hf_tev.training.row_loss as row_loss
+import hf_tev.training.losses as losses
+import hf_tev.training.rollouts as rollouts_module
 from hf_tev.exit_loss import exittrain_loss
 from hf_tev.modeling_dflash import DFlashDraftModel
 from hf_tev.training import (
@@ -34,8 +34,8 @@ from hf_tev.training import (
     sample_anchors,
     tree_batch_inputs,
 )
-from hf_tev.training.forwards import draft_blocks
-from hf_tev.training.metrics import StepSize
+from hf_tev.training.batch import draft_blocks
+from hf_tev.training.losses import StepSize
 from hf_tev.tree import build_tree
 
 
@@ -178,7 +178,7 @@ def test_training_trees_are_scored_like_plain_target_forwards(tree_anchors, targ
     # The trainer uses the decoder's own builder; the edge probabilities it weighs are the target's
     # distributions after prefix x[:a] + the parent's path, node by node; trees hang only at tree anchors,
     # while the cross-entropy covers every anchor.
-    assert row_loss.build_tree is build_tree
+    assert losses.build_tree is build_tree
     seen = []
 
     def recording_loss(*args, **kwargs):
@@ -188,8 +188,8 @@ def test_training_trees_are_scored_like_plain_target_forwards(tree_anchors, targ
     # Rows of 12 tokens, 3 of prompt: supervised 3..11. Block size 4 drafts a+1..a+3: anchor 9's horizon
     # leaves the sequence (10, 11 supervised, 12 outside); anchors 3 and 5 have a full horizon.
     anchors, valid = torch.tensor([[3, 9], [5, 0]]), torch.tensor([[True, True], [True, False]])
-    monkeypatch.setattr(row_loss, "exittrain_loss", recording_loss)
-    monkeypatch.setattr(row_loss, "sample_anchors", lambda loss_mask, num_anchors, generator: (anchors, valid))
+    monkeypatch.setattr(losses, "exittrain_loss", recording_loss)
+    monkeypatch.setattr(losses, "sample_anchors", lambda loss_mask, num_anchors, generator: (anchors, valid))
     drafter = training_drafter(target)
     trainer = ExitTrainer(
         model=drafter,
@@ -217,7 +217,7 @@ def test_training_trees_are_scored_like_plain_target_forwards(tree_anchors, targ
 def test_tree_knobs_reach_the_loss(target, tmp_path, monkeypatch):
     seen = []
     monkeypatch.setattr(
-        row_loss, "exittrain_loss", lambda *args, **kwargs: seen.append(kwargs) or exittrain_loss(*args, **kwargs)
+        losses, "exittrain_loss", lambda *args, **kwargs: seen.append(kwargs) or exittrain_loss(*args, **kwargs)
     )
     drafter = training_drafter(target)
     args = training_args(
@@ -340,7 +340,7 @@ def test_a_fresh_drafter_reads_tau_one_whatever_the_context_drafts_default():
     """The decoded tau of evaluations, cards and the Draft-OPD rollouts is the drafter's own: context drafts (on by
     default for greedy decoding) would give an untrained drafter on the kit's code prompts a tau of about 4."""
     from hf_tev.kit import load_kit_model, load_kit_tokenizer
-    from hf_tev.training.opd import collect_rollouts
+    from hf_tev.training.rollouts import collect_rollouts
 
     target, tokenizer = load_kit_model("target"), load_kit_tokenizer()
     drafter = DFlashDraftModel.from_target(target, block_size=8)  # random weights: it proposes nothing useful
@@ -377,7 +377,7 @@ def test_sampled_eval_tau_is_seeded_and_leaves_the_global_rng_alone(target):
 def test_eval_prompts_are_decoded_instead_of_the_rows_prompts(target, tmp_path, monkeypatch):
     seen = []
     monkeypatch.setattr(
-        eval_tau,
+        rollouts_module,
         "decoded_block_lengths",
         lambda target, drafter, prompts, **kwargs: seen.append((prompts, kwargs)) or [2, 1],
     )

@@ -18,15 +18,15 @@ SpecForge `exittrain`); every difference to hf_tev before 0.1.0 is a knob of `Ex
 
 `ExitTrainer` is the list of `Trainer` hooks below; the work they do lives beside it:
   - `compute_loss`: one step of objective "exit", "prefix" or "dflash" on a batch of training rows
-    (`row_loss.rows_loss`: a target context forward, all blocks in one drafter forward, the inference-time trees
-    scored by one target forward, `exit_loss.exittrain_loss`), or of Draft-OPD (`opd.replay_loss` on the
-    rollouts of `opd_rollouts.RolloutPool`); anchors and replayed cycles come from seeded generators (`seeds`),
-    so a resumed run draws what an uninterrupted one would;
+    (`losses.rows_loss`: a target context forward, all blocks in one drafter forward, the inference-time trees
+    scored by one target forward, `exit_loss.exittrain_loss`), or of Draft-OPD (`losses.replay_loss` on the
+    rollouts of `rollouts.RolloutPool`); anchors and replayed cycles come from seeded generators
+    (`checkpoints.seeded_generator`), so a resumed run draws what an uninterrupted one would;
   - `evaluation_loop` / `prediction_step`: the loss on anchors drawn the same at every evaluation, then the
-    decoded tau (`eval_tau`: real tree decoding, `target.generate(..., assistant_model=drafter,
+    decoded tau (`rollouts.decoded_tau`: real tree decoding, `target.generate(..., assistant_model=drafter,
     tev_config=TEVConfig(budget=..., lookup=False))`: the drafter's own trees, no context drafts; the same
-    decoding as the Draft-OPD rollouts: `rollout.tree_decode`);
-  - `log` / `floating_point_ops`: the step metrics and FLOPs (`metrics`);
+    decoding as the Draft-OPD rollouts: `rollouts.collect_rollouts`);
+  - `log` / `floating_point_ops`: the step metrics (`StepMetrics`, below) and FLOPs (`losses.FlopCounter`);
   - `_save`, `_save_rng_state` / `_load_rng_state`: the drafter alone in its published layout, and the Draft-OPD
     rollouts in checkpoints;
   - `create_model_card`, `init_hf_repo`, `push_to_hub`: the model card and the Hub upload (`hub`).
@@ -39,10 +39,12 @@ process holds its own frozen copy of the target (not wrapped by DDP). On CPU, `t
 
 from __future__ import annotations
 
+import math
 import os
 import pickle
 import zipfile
-from collections.abc import Mapping, Sequence
+from collections import defaultdict
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -53,16 +55,12 @@ from transformers.trainer_utils import get_last_checkpoint
 
 from ..modeling_dflash import DFlashDraftModel
 from . import hub
-from .checkpoints import NEW_RUN, check_checkpoint, check_checkpoint_drafter
+from .checkpoints import NEW_RUN, DrawCounter, check_checkpoint, check_checkpoint_drafter, seeded_generator
 from .data import ExitDataCollator, check_trainer_datasets
-from .eval_tau import decoded_tau, tau_prompts
 from .exit_config import ExitTrainingArguments
-from .metrics import FlopCounter, StepMetrics
-from .opd import replay_loss
-from .opd_rollouts import RolloutPool
-from .row_loss import StepLoss, rows_loss
+from .losses import FlopCounter, StepLoss, replay_loss, rows_loss
+from .rollouts import RolloutPool, decoded_tau, tau_prompts
 from .rows import encode_prompt, pad_token_id_of
-from .seeds import DrawCounter, seeded_generator
 
 
 class ExitTrainer(Trainer):
@@ -216,7 +214,7 @@ class ExitTrainer(Trainer):
         return (step.loss, {"draft_logits": step.draft_logits}) if return_outputs else step.loss
 
     def _rows_step(self, model, drafter, inputs, mode: str, objective: str, ce_weight: float) -> StepLoss:
-        """`row_loss.rows_loss` of `objective` on a batch of training rows; its FLOPs counted in training."""
+        """`losses.rows_loss` of `objective` on a batch of training rows; its FLOPs counted in training."""
         generator = self._anchor_generator(mode)
         step, size = rows_loss(model, drafter, self.target_model, inputs, self.args, objective, ce_weight, generator)
         if mode == "train":
@@ -428,3 +426,26 @@ def _check_models(model, target_model) -> None:
             f"target_model must be a transformers causal LM with an LM head, got {type(target_model).__name__}"
         )
     model.check_target(target_model)
+
+
+class StepMetrics:
+    """What `ExitTrainer` logs besides the loss: the metrics of the steps since the last log, per mode (`"train"`,
+    `"eval"`), averaged over the logging window and across processes."""
+
+    def __init__(self):
+        self.values = {"train": defaultdict(list), "eval": defaultdict(list)}
+
+    def record(self, mode: str, metrics: dict[str, torch.Tensor], gather: Callable) -> None:
+        """Record one step's metrics, averaged across processes by `gather` (`accelerator.gather`): one small
+        all-gather per step (every process records the same names) and no host sync."""
+        values = torch.stack([value.detach().float().reshape(()) for value in metrics.values()])  # [m]
+        values = gather(values).view(-1, len(metrics)).nanmean(0)
+        for name, value in zip(metrics, values, strict=True):
+            self.values[mode][name].append(value)
+
+    def pop_averages(self, mode: str) -> dict[str, float]:
+        """Every metric averaged over the recorded steps, NaNs left out (e.g. steps without a tree), then
+        forgotten; a metric with no value at all is not returned."""
+        averaged = {name: torch.stack(values).nanmean().item() for name, values in self.values[mode].items() if values}
+        self.values[mode].clear()
+        return {name: value for name, value in averaged.items() if not math.isnan(value)}
