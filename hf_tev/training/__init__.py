@@ -14,52 +14,32 @@
   reads and the model folders it checks.
 """
 
-from .batch import block_attention_mask, block_labels, sample_anchors, tree_batch_inputs
-from .data import ExitDataCollator, check_dataset, check_rows, generate_training_data
-from .exit_config import TRAINING_OBJECTIVES, TREE_ANCHORS, ExitTrainingArguments
+from .data import ExitDataCollator, check_rows, generate_training_data
+from .exit_config import TRAINING_OBJECTIVES, ExitTrainingArguments
 from .exit_trainer import ExitTrainer
 from .features import CachedFeatureDataset, FeatureCache, compute_context_features
-from .hub import (
-    OBJECTIVE_DESCRIPTIONS,
-    card_metadata,
-    is_hub_id,
-    render_model_card,
-    trainer_eval_tau,
-    trainer_model_card,
-)
+from .hub import render_model_card
 from .losses import opd_loss
 from .rollouts import Rollout, collect_rollouts, decoded_block_lengths
-from .rows import CONTEXT_FEATURES, INPUT_IDS, LOSS_MASK, PROMPT_LENGTH, row_tensors
+from .rows import CONTEXT_FEATURES, INPUT_IDS, LOSS_MASK, PROMPT_LENGTH
 
 __all__ = [
     "CONTEXT_FEATURES",
     "INPUT_IDS",
     "LOSS_MASK",
-    "OBJECTIVE_DESCRIPTIONS",
     "PROMPT_LENGTH",
     "TRAINING_OBJECTIVES",
-    "TREE_ANCHORS",
     "CachedFeatureDataset",
     "ExitDataCollator",
     "ExitTrainer",
     "ExitTrainingArguments",
     "FeatureCache",
     "Rollout",
-    "block_attention_mask",
-    "block_labels",
-    "card_metadata",
-    "check_dataset",
     "check_rows",
     "collect_rollouts",
     "compute_context_features",
     "decoded_block_lengths",
     "generate_training_data",
-    "is_hub_id",
     "opd_loss",
     "render_model_card",
-    "row_tensors",
-    "sample_anchors",
-    "trainer_eval_tau",
-    "trainer_model_card",
-    "tree_batch_inputs",
 ]

@@ -31,10 +31,8 @@ from hf_tev.training import (
     ExitTrainingArguments,
     decoded_block_lengths,
     generate_training_data,
-    sample_anchors,
-    tree_batch_inputs,
 )
-from hf_tev.training.batch import draft_blocks
+from hf_tev.training.batch import draft_blocks, sample_anchors, tree_batch_inputs
 from hf_tev.training.losses import StepSize
 from hf_tev.tree import build_tree
 
