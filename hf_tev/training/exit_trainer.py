@@ -338,16 +338,8 @@ class ExitTrainer(Trainer):
             tau_temperature: the sampling temperature of `measured_tau` entries that do not carry one.
             license: the card's license (metadata). datasets: Hub ids of the training data (metadata).
         """
-        card = hub.trainer_model_card(
-            self,
-            repo_id=repo_id,
-            target_model_id=target_model_id,
-            dataset_description=dataset_description,
-            measured_tau=measured_tau,
-            tau_temperature=tau_temperature,
-            license=license,
-            datasets=datasets,
-        )
+        fields = dict(measured_tau=measured_tau, tau_temperature=tau_temperature, license=license, datasets=datasets)
+        card = hub.trainer_model_card(self, repo_id, target_model_id, dataset_description, **fields)
         if self.is_world_process_zero():
             card.save(Path(self.args.output_dir, "README.md"))
         return card.content
@@ -372,21 +364,17 @@ class ExitTrainer(Trainer):
         token: str | None = None,
         revision: str | None = None,
         private: bool | None = None,
-        target_model_id: str | None = None,
-        dataset_description: str | None = None,
-        measured_tau: Mapping[Any, float] | None = None,
-        tau_temperature: float | None = None,
-        license: str = "apache-2.0",
-        datasets: Sequence[str] | None = None,
-        **_unused,
+        **card,
     ):
         """Upload the drafter (published layout: `config.json` + safetensors) and a filled model card.
 
         Creates the repo first (so offline, or without access, it fails before anything is written), then
         saves into `args.output_dir` and uploads it with `huggingface_hub.HfApi.upload_folder`; checkpoints,
         `training_args.bin` and `_*` files stay local. `repo_id` defaults to `args.hub_model_id`, then the
-        output folder's name. See `create_model_card` for the card fields. Returns the `upload_folder` result
-        (a future when `blocking=False`); None on processes other than the main one.
+        output folder's name. `card`: the fields of the model card, as `create_model_card` takes them
+        (`target_model_id`, `dataset_description`, `measured_tau`, `tau_temperature`, `license`, `datasets`).
+        Returns the `upload_folder` result (a future when `blocking=False`); None on processes other than the main
+        one.
         """
         if repo_id is not None:
             self.args.hub_model_id = repo_id
@@ -396,15 +384,7 @@ class ExitTrainer(Trainer):
         self.save_model(_internal_call=True)  # every process: some engines gather weights collectively
         if not self.is_world_process_zero():
             return None
-        self.create_model_card(
-            repo_id=self.hub_model_id,
-            target_model_id=target_model_id,
-            dataset_description=dataset_description,
-            measured_tau=measured_tau,
-            tau_temperature=tau_temperature,
-            license=license,
-            datasets=datasets,
-        )
+        self.create_model_card(repo_id=self.hub_model_id, **card)
         self._finish_current_push()
         return hub.upload_folder(
             self._hub_api(token),

@@ -279,18 +279,16 @@ def trainer_model_card(
     repo_id: str | None = None,
     target_model_id: str | None = None,
     dataset_description: str | None = None,
-    measured_tau: Mapping[Any, float] | None = None,
-    tau_temperature: float | None = None,
-    license: str = "apache-2.0",
-    datasets: Sequence[str] | None = None,
     model_name: str | None = None,
+    **card,
 ) -> ModelCard:
     """`render_model_card` with the drafter, the target and every knob of an `ExitTrainer`.
 
     `target_model_id` defaults to the target's `name_or_path`, the initial drafter is the drafter's
     `name_or_path` (local folders are named as `model_reference` says); `repo_id` defaults to
     `args.hub_model_id` (a local output folder given as `repo_id` is not written out); `model_name` to the name
-    part of the Hub id (see `render_model_card`). The latest decoded tau of each evaluation split in the
+    part of the Hub id (see `render_model_card`); `card` (`measured_tau`, `tau_temperature`, `license`, `datasets`)
+    goes to `render_model_card` as given. The latest decoded tau of each evaluation split in the
     trainer's log history (`eval_tau`, see `ExitTrainer`) is added with the budget and temperature it was decoded
     at (`trainer_eval_tau`).
     """
@@ -333,11 +331,8 @@ def trainer_model_card(
         steps=trainer.state.global_step,
         training=training,
         dataset_description=" ".join(description),
-        measured_tau=measured_tau,
-        tau_temperature=tau_temperature,
-        license=license,
-        datasets=datasets,
         eval_tau=trainer_eval_tau(trainer),
+        **card,
     )
 
 
