@@ -121,8 +121,11 @@ def test_every_method_tiny_run_writes_json_table_and_plot(tiny_run, kit_drafter)
             # Blocks are tokens per tree pass; they only differ where the stop cut a final block (the last bonus).
             emitted_by_cycles = r["new_tokens"] - r["prompts"]  # the prefill emits one token per prompt
             assert 0 <= round(r["tau"] * r["cycles"]) - emitted_by_cycles <= r["prompts"]
-            assert r["tau_counted"] == pytest.approx(emitted_by_cycles / r["cycles"])
-            assert r["target_forwards"] == r["cycles"] + 1  # prefill + one tree pass per cycle
+            assert r["tau_counted"] == pytest.approx(emitted_by_cycles / (r["target_forwards"] - r["prompts"]))
+            # prefill + one tree pass per cycle; the automatic budget may also re-probe tree-pass costs inside a run
+            # (a cost model measured under another load goes stale: docs/auto_budget.md), and those passes count
+            extra = r["target_forwards"] - (r["cycles"] + 1)
+            assert extra == 0 or (r["budget"] == "auto" and extra > 0), r
             assert 0 < r["overhead_fraction"] < 1 and r["model_ms"] < r["cycle_ms"]
             # each stage is inside the cycle in every run, so its median over runs is at most the cycle's (a sum of
             # medians need not be: under load the runs' medians come from different runs)
