@@ -54,6 +54,9 @@ COMMAND_SUBSTITUTIONS = [
     ("--tree_budget 32", "--tree_budget 4", "a short run"),
     ("--max_steps 2000", "--max_steps 1", "a short run"),
     ("--max-prompts 6", "--max-prompts 1", "a short run"),
+    ("--max-prompts 4", "--max-prompts 1", "a short run"),
+    ("--max-new-tokens 96", "--max-new-tokens 8", "a short run"),
+    ("--budgets auto,16 ", "--budgets auto ", "a short run"),
     ("--max-new-tokens 64", "--max-new-tokens 8", "a short run"),
     ("--repeats 3", "--repeats 1", "a short run"),
     ("--budgets auto,4,8,16", "--budgets auto,4", "a short run"),
@@ -142,8 +145,9 @@ def test_the_python_blocks_run_in_order_in_one_session(standin, smollm2_folder, 
 
 
 @pytest.mark.parametrize("prefix", RUN)
-def test_the_shell_commands_run(prefix, standin, tmp_path, monkeypatch, capfd):
+def test_the_shell_commands_run(prefix, standin, smollm2_folder, tmp_path, monkeypatch, capfd):
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HF_TEV_CACHE", str(smollm2_folder.parent.parent))  # the session's converted SmolLM2
     prompts = tmp_path / "prompts.json"
     prompts.write_text(json.dumps(["Write a function that adds two numbers.", "Sort a list.", "Read a file."]))
     chosen = [c for c in commands() if rule_of(c) == prefix]
