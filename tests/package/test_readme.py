@@ -58,7 +58,6 @@ COMMAND_SUBSTITUTIONS = [
     ("--max-new-tokens 96", "--max-new-tokens 8", "a short run"),
     ("--budgets auto,16 ", "--budgets auto ", "a short run"),
     ("--max-new-tokens 64", "--max-new-tokens 8", "a short run"),
-    ("--repeats 3", "--repeats 1", "a short run"),
     ("--budgets auto,4,8,16", "--budgets auto,4", "a short run"),
     ("--temperatures 0,1", "--temperatures 0", "a short run"),
     ("--threads 2", "--threads 1", "the test suite's one thread"),
