@@ -37,13 +37,14 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--drafters", default="dflash,exit", help="folders under --runs (standard first)")
     parser.add_argument("--runs", default=str(HERE / "runs"))
-    parser.add_argument("--budgets", default="16,64")
+    parser.add_argument("--budgets", default="64,16", help="measured in this order")
     parser.add_argument("--temperatures", default="0,1")
     parser.add_argument("--prompts", type=int, default=16, help="prompts per benchmark set")
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--resamples", type=int, default=10_000)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--output", default=None)
+    parser.add_argument("--output", default=None, help="default: RUNS/table2.json (and its table, table2.md)")
+    parser.add_argument("--report", action="store_true", help="print the table of what is measured, measure nothing")
     return parser.parse_args(argv)
 
 
@@ -102,39 +103,63 @@ def main(argv=None):
     torch.set_num_threads(args.threads)
     output = Path(args.output or Path(args.runs) / "table2.json")
     records = json.loads(output.read_text()) if output.is_file() else []
+    names = args.drafters.split(",")
+    if args.report:
+        print(report(records, names, args.resamples))
+        return
     done = {(r["drafter"], r["budget"], r["temperature"], r["set"], r["prompt"]) for r in records}
     path = packaged_model_path(TARGET)
     target = AutoModelForCausalLM.from_pretrained(path, attn_implementation="sdpa").eval()
     tokenizer = AutoTokenizer.from_pretrained(path)
-    names = args.drafters.split(",")
     drafters = {n: hf_tev.DFlashDraftModel.from_pretrained(Path(args.runs) / n).eval() for n in names}
     budgets = [int(b) for b in args.budgets.split(",")]
     temperatures = [float(t) for t in args.temperatures.split(",")]
-    for set_name, index, ids in chat_prompts(tokenizer, args.prompts):
+    prompts = chat_prompts(tokenizer, args.prompts)
+    # Cell by cell (temperatures outer, budgets in the order given), so a stopped run leaves whole cells behind.
+    for temperature in temperatures:
         for budget in budgets:
-            for temperature in temperatures:
-                for name in names:  # the same prompt, budget, temperature and seed for every drafter, one after another
+            for set_name, index, ids in prompts:
+                for name in names:  # the same prompt, budget, temperature and seed for every drafter in turn
                     if (name, budget, temperature, set_name, index) in done:
                         continue
                     seed = 1000 * index + PAPER_PROMPT_SETS.index(set_name)
                     row = decode(target, drafters[name], ids, budget, temperature, seed, args.max_new_tokens)
                     records.append({"drafter": name, "budget": budget, "temperature": temperature,
                                     "set": set_name, "prompt": index, **row})  # fmt: skip
-        output.write_text(json.dumps(records, indent=1))  # after every prompt: a stopped run keeps its work
+                output.write_text(json.dumps(records, indent=1))  # after every prompt: a stopped run keeps its work
+    table = report(records, names, args.resamples)
+    output.with_suffix(".md").write_text(table)
+    print(table)
+
+
+def report(records, names: list[str], resamples: int) -> str:
+    """The measured cells as a markdown table: pooled tau of both drafters, their paired ratio with its interval,
+    the prompts measured, and per drafter the mean tree coverage 1 + C and the share of cycles accepting the root
+    alone (why a gain is or is not there)."""
     base, arm = names[0], names[-1]
-    print(f"| budget | T | tau {base} | tau {arm} | {arm} / {base} (95% paired bootstrap) |")
-    print("|---|---|---|---|---|")
-    for budget in budgets:
-        for temperature in temperatures:
-            cell = [r for r in records if r["budget"] == budget and r["temperature"] == temperature]
-            taus = {
-                n: sum(r["tokens"] for r in cell if r["drafter"] == n)
-                / sum(r["cycles"] for r in cell if r["drafter"] == n)
-                for n in (base, arm)
-            }
-            ratio, low, high = ratio_interval(cell, base, arm, args.resamples)
-            shown = f"{taus[base]:.3f} | {taus[arm]:.3f} | {ratio:.3f} ({low:.3f}-{high:.3f})"
-            print(f"| {budget} | {temperature:g} | {shown} |")
+    lines = [
+        f"| B | T | prompts | tau {base} | tau {arm} | {arm} / {base} (95% paired bootstrap) "
+        f"| 1 + C {base} / {arm} | root-only cycles {base} / {arm} |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    cells = sorted({(r["temperature"], r["budget"]) for r in records}, key=lambda c: (c[0], -c[1]))
+    for temperature, budget in cells:
+        cell = [r for r in records if r["budget"] == budget and r["temperature"] == temperature]
+        arms = {n: [r for r in cell if r["drafter"] == n] for n in (base, arm)}
+        if not all(arms.values()):
+            continue
+        taus = {n: pooled_tau(rows) for n, rows in arms.items()}
+        coverage = {n: np.mean([r["coverage"] for r in rows if r["coverage"] is not None]) for n, rows in arms.items()}
+        root_only = {
+            n: np.mean([length == 1 for r in rows for length in r["accepted_lengths"]]) for n, rows in arms.items()
+        }
+        ratio, low, high = ratio_interval(cell, base, arm, resamples)
+        lines.append(
+            f"| {budget} | {temperature:g} | {min(len(v) for v in arms.values())} | {taus[base]:.3f} | {taus[arm]:.3f} "
+            f"| {ratio:.3f} ({low:.3f}-{high:.3f}) | {coverage[base]:.2f} / {coverage[arm]:.2f} "
+            f"| {root_only[base]:.1%} / {root_only[arm]:.1%} |"
+        )
+    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":

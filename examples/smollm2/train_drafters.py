@@ -42,8 +42,8 @@ def parse_args(argv=None):
     parser.add_argument("stage", choices=["init", "dflash", "exit"])
     parser.add_argument("--data", default=str(HERE / "data" / "train.jsonl"))
     parser.add_argument("--runs", default=str(HERE / "runs"))
-    parser.add_argument("--init-steps", type=int, default=600)
-    parser.add_argument("--steps", type=int, default=300, help="steps of the dflash and exit stages")
+    parser.add_argument("--init-steps", type=int, default=300)
+    parser.add_argument("--steps", type=int, default=100, help="steps of the dflash and exit stages")
     parser.add_argument("--save-steps", type=int, default=25)
     parser.add_argument("--max-rows", type=int, default=None, help="use the first N rows only")
     parser.add_argument("--threads", type=int, default=2)
@@ -55,10 +55,11 @@ def train_command(args, target: Path) -> list[str]:
     out = Path(args.runs) / args.stage
     argv = ["--target", str(target), "--attn_implementation", "sdpa", "--train_data", args.data]
     argv += ["--max_train_rows", str(args.max_rows)] if args.max_rows else []
+    if args.stage != "exit":  # the target's features, computed once (ExitTrain's trees need the target itself)
+        argv += ["--feature_cache", str(HERE / "cache" / "features")]
     if args.stage == "init":
         argv += ["--num_draft_layers", "1", "--block_size", "8", "--target_layer_ids", *TARGET_LAYERS]
         argv += ["--objective", "dflash", "--learning_rate", "1e-3", "--max_steps", str(args.init_steps)]
-        argv += ["--feature_cache", str(HERE / "cache" / "features")]  # the target's features, computed once
     else:
         argv += ["--drafter", str(Path(args.runs) / "init"), "--objective", args.stage]
         argv += ["--learning_rate", "3e-4", "--max_steps", str(args.steps)]
