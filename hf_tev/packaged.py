@@ -47,6 +47,7 @@ class PackagedModel:
     quantization: str
     license: str
     sha256: str | None = None  # the assembled file's digest, where its package publishes one
+    drafter: str | None = None  # the DFlash drafter trained for it, a folder under the checkout's `examples/`
 
     @property
     def install_hint(self) -> str:
@@ -72,6 +73,7 @@ PACKAGED_MODELS = {
             gguf_name="SmolLM2-135M-Instruct.Q4_1.gguf",
             quantization="Q4_1",
             license="apache-2.0",
+            drafter="smollm2/drafter-dflash",  # the better of the two in Table 2 (examples/smollm2/README.md)
         ),
         PackagedModel(
             hub_id="google/gemma-3-270m",
@@ -103,6 +105,16 @@ def resolve(name: str) -> str:
     if name in PACKAGED_MODELS and is_installed(name):
         return str(packaged_model_path(name))
     return name
+
+
+def default_drafter(hub_id: str) -> Path | None:
+    """The folder of the DFlash drafter trained for a packaged target in this checkout (`examples/`), or None where
+    there is none (no drafter trained for it, or an installed wheel without the examples)."""
+    model = PACKAGED_MODELS.get(hub_id)
+    if model is None or model.drafter is None:
+        return None
+    folder = Path(__file__).resolve().parent.parent / "examples" / model.drafter
+    return folder if (folder / "model.safetensors").is_file() else None
 
 
 def default_cache_dir() -> Path:

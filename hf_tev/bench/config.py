@@ -11,6 +11,7 @@ import torch
 
 from ..config import temperature_sampling
 from ..kit import KIT_DRAFTERS, kit_dir
+from ..packaged import default_drafter
 from .methods import KIT_PROMPT_SETS, METHODS, PAPER_PROMPT_SETS, PROMPT_SETS, REFERENCE_METHOD
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -22,8 +23,9 @@ class BenchConfig:
 
     Args:
         methods (`list[str]`, defaults to every method in `METHODS`): `ar` is always added (SR reference).
-        drafters (`list[str]`, defaults to the kit drafters present): kit drafter names, or folders / Hub ids of
-            DFlash drafters when `target` is given.
+        drafters (`list[str]`, defaults to the kit drafters present, or with `target` the drafter trained for a
+            packaged target, `hf_tev.packaged.default_drafter`): kit drafter names, or folders / Hub ids of DFlash
+            drafters when `target` is given.
         budgets (`list[int | str]`, defaults to `["auto", 4, 16, 64]`): tree budgets B (drafted nodes, root excluded),
             or `"auto"` (the cost-aware automatic budget, `TEVConfig(budget="auto")`).
         temperatures (`list[float]`, defaults to `[0.0, 1.0]`): 0 is greedy; > 0 samples from the target's
@@ -112,7 +114,7 @@ class BenchConfig:
                 "with the target's tokenizer) when --target is given"
             )
         if self.drafters is None:
-            self.drafters = [] if self.target else _present_kit_drafters()
+            self.drafters = _default_drafters(self.target) if self.target else _present_kit_drafters()
         if self.target is None:
             unknown = [d for d in self.drafters if d not in KIT_DRAFTERS and not Path(d).is_dir()]
             if unknown:
@@ -173,6 +175,11 @@ def _check_device(name: str) -> None:
         raise ValueError(f"device {name!r}: CUDA is not available ({why}; torch {torch.__version__}); use --device cpu")
     if device.index is not None and device.index >= torch.cuda.device_count():
         raise ValueError(f"device {name!r}: only {torch.cuda.device_count()} CUDA device(s) are visible")
+
+
+def _default_drafters(target: str) -> list[str]:
+    trained = default_drafter(target)  # the drafter shipped for a packaged target (SmolLM2), if any
+    return [str(trained)] if trained is not None else []
 
 
 def _present_kit_drafters() -> list[str]:

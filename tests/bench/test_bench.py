@@ -309,6 +309,18 @@ def test_bad_input_gives_clear_errors(kwargs, message):
         BenchConfig(**kwargs)
 
 
+def test_a_packaged_target_defaults_to_its_trained_drafter():
+    from hf_tev.packaged import default_drafter
+
+    trained = default_drafter("HuggingFaceTB/SmolLM2-135M-Instruct")
+    assert trained is not None and (trained / "model.safetensors").is_file()
+    config = BenchConfig(target="HuggingFaceTB/SmolLM2-135M-Instruct", methods=["default"])
+    assert config.drafters == [str(trained)]
+    assert BenchConfig(target="some/model", methods=["lookup_tree"]).drafters == []  # nothing trained for it
+    with pytest.raises(ValueError, match="need a drafter"):
+        BenchConfig(target="some/model", methods=["default"])
+
+
 def test_command_line_bad_input_exits_with_the_message(capsys):
     with pytest.raises(SystemExit) as exit_info:
         hf_tev_main(["bench", "--methods", "ar,nope"])
