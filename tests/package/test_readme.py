@@ -55,8 +55,6 @@ COMMAND_SUBSTITUTIONS = [
     ("--max_steps 2000", "--max_steps 1", "a short run"),
     ("--max-prompts 6", "--max-prompts 1", "a short run"),
     ("--max-prompts 4", "--max-prompts 1", "a short run"),
-    ("--max-new-tokens 96", "--max-new-tokens 8", "a short run"),
-    ("--budgets auto,16 ", "--budgets auto ", "a short run"),
     ("--max-new-tokens 64", "--max-new-tokens 8", "a short run"),
     ("--budgets auto,4,8,16", "--budgets auto,4", "a short run"),
     ("--temperatures 0,1", "--temperatures 0", "a short run"),
