@@ -14,6 +14,7 @@ import json
 import shutil
 from pathlib import Path
 
+from table2 import pooled_tau
 from train_drafters import HERE, TARGET, parse_args, train_command
 
 from hf_tev.training import render_model_card
@@ -35,13 +36,17 @@ measured: `examples/smollm2/README.md` of the hf_tev repository.
 
 
 def measured_tau(records: list[dict], drafter: str) -> dict[tuple[int, float], float]:
-    cells: dict[tuple[int, float], list[int]] = {}
-    for r in records:
-        if r["drafter"] == drafter:
-            tokens_cycles = cells.setdefault((r["budget"], r["temperature"]), [0, 0])
-            tokens_cycles[0] += r["tokens"]
-            tokens_cycles[1] += r["cycles"]
-    return {cell: round(tokens / cycles, 3) for cell, (tokens, cycles) in sorted(cells.items())}
+    """Table 2's pooled tau of `drafter`, by (budget, temperature)."""
+    cells = sorted({(r["budget"], r["temperature"]) for r in records if r["drafter"] == drafter})
+    return {
+        (budget, temperature): round(
+            pooled_tau(
+                [r for r in records if (r["drafter"], r["budget"], r["temperature"]) == (drafter, budget, temperature)]
+            ),
+            3,
+        )
+        for budget, temperature in cells
+    }
 
 
 def trainer_state_file(run: Path) -> Path:
