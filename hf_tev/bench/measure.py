@@ -52,7 +52,8 @@ class ForwardProbe:
     """Forward hooks on the models of a run: counts target forwards and times model compute.
 
     Compute time is the wall time of outermost calls of the hooked modules (target, drafters, assistant, and the
-    target's embedding and LM-head modules, which the drafter calls directly); nested calls count once. With
+    target's embedding and LM-head modules, which the drafter calls directly); nested calls count once. Each call
+    is kept as `(end, seconds)`, so a run can split it at its prefill stage's end (`model_seconds_after`). With
     `sync` (accelerators) every call boundary synchronises, so it is on only for the runs whose time is split.
     """
 
@@ -70,8 +71,9 @@ class ForwardProbe:
         self.reset()
 
     def reset(self):
-        self.depth, self.target_forwards, self.model_s = 0, 0, 0.0
-        self.first_forward_start, self.first_forward_s = None, 0.0
+        self.depth, self.target_forwards = 0, 0
+        self.first_forward_start = None
+        self.calls: list[tuple[float, float]] = []  # (end, seconds) of every outermost call
 
     def _now(self):
         if self.sync:
@@ -90,10 +92,12 @@ class ForwardProbe:
         if is_target:
             self.target_forwards += 1
         if self.depth == 0:
-            elapsed = self._now() - self.start
-            self.model_s += elapsed
-            if self.target_forwards == 1 and is_target:
-                self.first_forward_s = elapsed  # the prefill
+            end = self._now()
+            self.calls.append((end, end - self.start))
+
+    def model_seconds_after(self, moment: float) -> float:
+        """Compute time of the outermost calls that ended after `moment` (`time.perf_counter` seconds)."""
+        return sum(seconds for end, seconds in self.calls if end > moment)
 
     def remove(self):
         for handle in self.handles:
@@ -138,8 +142,12 @@ def run_once(models: BenchModels, probe: ForwardProbe, job: Job, input_ids, max_
     if method.tev_verifier is not None:
         run.stats = out.tev_stats
         run.setup_s = probe.first_forward_start - start
-        run.loop_s = end - probe.first_forward_start - run.stats.prefill_time
-        run.loop_model_s = probe.model_s - probe.first_forward_s
+        # The prefill stage (`stats.prefill_time`) is the prefill forward and, with the automatic budget, any
+        # tree-pass cost probe; both end before the loop, whose first forward ends well after it starts (the
+        # stage clock starts just before the first forward, so `loop_start` is at most that gap late).
+        loop_start = probe.first_forward_start + run.stats.prefill_time
+        run.loop_s = end - loop_start
+        run.loop_model_s = probe.model_seconds_after(loop_start)
     return run
 
 

@@ -244,6 +244,30 @@ def test_a_registered_method_is_planned_and_replayed_from_its_entry_alone(monkey
     assert plan_replays(only_ddtree) == {("d", 8): ("predraw",)}
 
 
+def test_the_loop_split_leaves_the_automatic_budgets_probe_in_the_prefill_stage(kit_drafter):
+    """A fresh target has no tree-pass cost curve, so `budget="auto"` probes it in the prefill stage of its first
+    call: those forwards are setup, not the loop's model time (counted there, they made the loop's model time
+    exceed the loop itself, a negative overhead)."""
+    from hf_tev.bench.loading import BenchModels
+    from hf_tev.bench.measure import ForwardProbe, run_once
+
+    target = load_kit_model("target")  # fresh: its first automatic call probes
+    models = BenchModels(target, None, {kit_drafter: load_kit_model(kit_drafter)})
+    probe = ForwardProbe(models, sync=False)
+    try:
+        prompt = torch.tensor([[5, 17, 29, 41, 53, 65, 77, 89]])
+        run = run_once(models, probe, Job("tev", kit_drafter, "auto"), prompt, 12, sampling_kwargs(0, False), 0)
+    finally:
+        probe.remove()
+    probe_forwards = run.target_forwards - (run.stats.num_cycles + 1)
+    assert probe_forwards > 0  # the probe ran in this call
+    loop_start = probe.first_forward_start + run.stats.prefill_time
+    before_loop = [seconds for end, seconds in probe.calls if end <= loop_start]
+    assert len(before_loop) == 1 + probe_forwards  # the prefill and the probe's passes, nothing of the loop
+    assert run.loop_model_s == pytest.approx(sum(probe.calls[i][1] for i in range(len(before_loop), len(probe.calls))))
+    assert 0 < run.loop_model_s < run.loop_s
+
+
 @pytest.fixture(scope="module")
 def kit_target():
     return load_kit_model("target")
