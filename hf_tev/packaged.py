@@ -73,7 +73,7 @@ PACKAGED_MODELS = {
             gguf_name="SmolLM2-135M-Instruct.Q4_1.gguf",
             quantization="Q4_1",
             license="apache-2.0",
-            drafter="smollm2/drafter-dflash",  # the better of the two in Table 2 (examples/smollm2/README.md)
+            drafter="smollm2/drafter-dflash",  # Table 2 (examples/smollm2/README.md): level with ExitTrain's, cheaper
         ),
         PackagedModel(
             hub_id="google/gemma-3-270m",

@@ -18,7 +18,7 @@ The drafter, chosen for this target and this machine:
   parameters and a checkpoint with its optimizer state stays near 50 MB.
 - the schedule: init 300 steps at learning rate 1e-3 from a fresh drafter; then each stage 100 steps at 3e-4 from
   init, with the same batch (8 sequences x 16 anchors), data order and seed. At 2 threads on this 2-core CPU a
-  standard step takes 5.4 s (features cached) and an ExitTrain step 22 s (its trees are scored by the target).
+  standard step takes 5.4 s (features cached) and an ExitTrain step 23 s (its trees are scored by the target).
 - ExitTrain: the authors' released settings (`ExitTrainingArguments` defaults: tree loss over drafted nodes,
   plain CE, trees for full-horizon anchors), tree budget 32, tree weight 0.1; the standard stage trains on the
   target's cached features (float16), ExitTrain computes them every step (float32), since its trees need the
