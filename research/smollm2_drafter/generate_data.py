@@ -92,7 +92,7 @@ def main() -> None:
     target = AutoModelForCausalLM.from_pretrained(path, attn_implementation="sdpa").eval()
     tokenizer = AutoTokenizer.from_pretrained(path)
     pad_id, eos_id = tokenizer.pad_token_id, tokenizer.eos_token_id
-    prompts = [json.loads(line) for line in (HERE / "prompts.jsonl").read_text().splitlines()]
+    prompts = [json.loads(line) for line in (HERE / "prompts.jsonl").read_text().split("\n") if line]
     for index in range((len(prompts) + SHARD_PROMPTS - 1) // SHARD_PROMPTS):
         if (HERE / "data" / f"shard_{index:05d}.jsonl").exists():
             continue
