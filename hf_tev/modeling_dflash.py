@@ -121,6 +121,21 @@ class DFlashDecoderLayer(GradientCheckpointingLayer):
         return hidden_states + self.mlp(self.post_attention_layernorm(hidden_states))
 
 
+@torch.no_grad()
+def _bound_fresh_logits(drafter, head_weight: torch.Tensor) -> None:
+    """Scale a fresh drafter's final norm so that its first logits are of order 1, not of order sqrt(H) |w_v|.
+
+    The block rows leave the final RMS norm with norm sqrt(H) times its weight, and the target's head scores them.
+    On a target that ties its embeddings, the mask token's row is a real token's, so a fresh drafter (whose layers
+    barely change the mask rows) scores every token with huge logits (SmolLM2: cross-entropy 59-69, ln V 10.8).
+    With the norm weight 1 / (sqrt(H) r), r the RMS of the head rows' norms, every logit is bounded by |w_v| / r,
+    so the first loss sits near ln V on any target. Loaded checkpoints keep their trained norm.
+    """
+    rows_rms = head_weight.float().pow(2).sum(dim=-1).mean().sqrt()
+    scale = 1.0 / (drafter.config.hidden_size**0.5 * rows_rms.clamp_min(1e-6))
+    drafter.norm.weight.fill_(scale.item())
+
+
 class DFlashDraftModel(PreTrainedModel):
     """DFlash drafter. Uses the target's `embed_tokens` and `lm_head` at run time, never owns them."""
 
@@ -389,6 +404,7 @@ class DFlashDraftModel(PreTrainedModel):
         )
         drafter = cls._from_config(config, dtype=target.dtype).to(target.device)
         drafter.check_target(target)
+        _bound_fresh_logits(drafter, target.get_output_embeddings().weight)
         return drafter.eval()
 
     @classmethod
