@@ -125,13 +125,77 @@ def full_length_cache(model, cache: DynamicCache | None = None) -> DynamicCache:
                     "full length (the window is applied by the mask). Continue from a cache returned by tree "
                     "decoding, or start without a cache."
                 )
-            full = DynamicLayer()
+            full = BufferLayer()
             if held:
                 full.update(layer.keys, layer.values)
             layer = full
+        elif type(layer) is DynamicLayer:
+            layer = BufferLayer.of(layer)
         layers.append(layer)
     cache.layers = layers
     return cache
+
+
+class BufferLayer(DynamicLayer):
+    """A full-length cache layer whose keys and values live in storage that stays put across forwards.
+
+    transformers' `DynamicLayer` concatenates every update onto a new tensor, so each tree pass (and each plain
+    step) allocates and copies the whole layer: on a large target at a long context, gigabytes per cycle and two
+    caches at the peak. Here the keys and values are views of the first `length` positions of a buffer that
+    grows only by doubling; an update writes its rows after them, the commit moves the accepted path inside the
+    views (`generation.cache.commit_accepted_path`) and a crop narrows them. What reads `keys` / `values` sees
+    exactly the tensors a `DynamicLayer` holds. Anything that replaces them (a batch row selection, a reorder)
+    is taken into a new buffer at the next update.
+    """
+
+    HEADROOM = 256  # positions a new buffer holds beyond what it must (the next cycles' trees and tokens)
+
+    @classmethod
+    def of(cls, layer: DynamicLayer) -> "BufferLayer":
+        """`layer`'s tokens in a `BufferLayer` (nothing is copied until its next update)."""
+        buffered = cls()
+        if layer.is_initialized:
+            buffered.lazy_initialization(layer.keys, layer.values)
+            buffered.keys, buffered.values = layer.keys, layer.values
+        return buffered
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        super().lazy_initialization(key_states, value_states)
+        self.key_buffer = self.value_buffer = None
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        length = self.get_seq_length()
+        end = length + key_states.shape[-2]
+        if not self._in_buffer() or end > self.key_buffer.shape[-2]:
+            self._rebuffer(key_states, value_states, length, end)
+        self.key_buffer[..., length:end, :].copy_(key_states)
+        self.value_buffer[..., length:end, :].copy_(value_states)
+        self.keys, self.values = self.key_buffer.narrow(-2, 0, end), self.value_buffer.narrow(-2, 0, end)
+        return self.keys, self.values
+
+    def _in_buffer(self) -> bool:
+        """Whether `keys` / `values` are still views of the buffer's first positions (not replaced since)."""
+        if self.key_buffer is None or self.keys.numel() == 0:
+            return self.key_buffer is not None
+        return all(
+            view.data_ptr() == buffer.data_ptr() and view.stride() == buffer.stride()
+            for view, buffer in ((self.keys, self.key_buffer), (self.values, self.value_buffer))
+        )
+
+    def _rebuffer(self, key_states, value_states, length: int, end: int) -> None:
+        """New storage for `end` positions and as many again as it had (at least HEADROOM), holding the tokens: the
+        capacity about doubles, so a call reallocates a logarithmic number of times, not once per cycle."""
+        old = 0 if self.key_buffer is None else self.key_buffer.shape[-2]
+        capacity = end + max(old, self.HEADROOM)
+        buffers = []
+        for held, new in ((self.keys, key_states), (self.values, value_states)):
+            buffer = new.new_empty((*new.shape[:-2], capacity, new.shape[-1]))
+            if length:
+                buffer[..., :length, :].copy_(held)
+            buffers.append(buffer)
+        self.key_buffer, self.value_buffer = buffers
 
 
 WINDOW_SLOT_DIMS = (1, 2, 2, 2, 1)  # the node dimension of each piece of a `TreeStateLayer` window

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from transformers.cache_utils import DynamicCache, DynamicLayer
 
-from ..target_layers import TreeStateLayer, sliding_window, tree_attention_masks
+from ..target_layers import BufferLayer, TreeStateLayer, sliding_window, tree_attention_masks
 from ..tree import DraftTree, TreeInputs
 from .hybrid import tree_pass_masks
 
@@ -178,7 +178,7 @@ def crop_to(cache: DynamicCache, length: int) -> None:
         cache.crop(-excess)
     elif excess:
         for layer in cache.layers:
-            if type(layer) is DynamicLayer and layer.keys is not None:
+            if type(layer) in (DynamicLayer, BufferLayer) and layer.keys is not None:
                 layer.keys, layer.values = layer.keys.narrow(-2, 0, length), layer.values.narrow(-2, 0, length)
             else:
                 layer.crop(-excess)

@@ -20,7 +20,7 @@ from transformers.utils import logging
 
 from ..config import TEVConfig, tree_memory_bytes
 from ..native_drafters import drafter_sliding_window, native_drafter_problems
-from ..target_layers import TreeStateLayer, check_tree_layers, sliding_window, tree_state_bytes
+from ..target_layers import BufferLayer, TreeStateLayer, check_tree_layers, sliding_window, tree_state_bytes
 
 logger = logging.get_logger(__name__)
 
@@ -212,7 +212,14 @@ def check_cache(cache, input_ids) -> None:
         return
     # an empty sliding layer is made full-length; a dummy layer is one that reuses another's K/V (Gemma 4); the
     # linear-attention layers of a target check_tree_layers let through keep per-node states (TreeStateLayer)
-    layer_classes = (DynamicLayer, DynamicSlidingWindowLayer, DummyLayer, LinearAttentionLayer, TreeStateLayer)
+    layer_classes = (
+        DynamicLayer,
+        BufferLayer,
+        DynamicSlidingWindowLayer,
+        DummyLayer,
+        LinearAttentionLayer,
+        TreeStateLayer,
+    )
     if type(cache) is not DynamicCache or any(type(layer) not in layer_classes for layer in cache.layers):
         raise ValueError(
             f"hf_tev tree decoding supports a DynamicCache only, got {type(cache).__name__} "
