@@ -113,6 +113,15 @@ def test_a_broken_or_non_utf8_line_is_named_with_its_file_and_line(tmp_path, cap
     assert f"rows file {missing} does not exist" in one_line_error(capsys, rows_argv(tmp_path, missing))
 
 
+def test_a_folder_given_as_rows_is_named_a_folder(tmp_path, capsys, no_model):
+    folder = tmp_path / "_data"
+    folder.mkdir()
+    (folder / "train.jsonl").write_text(json.dumps({"input_ids": [5, 6, 7], "prompt_length": 1}) + "\n")
+    error = one_line_error(capsys, rows_argv(tmp_path, folder))
+    assert f"rows file {folder} is a folder, not a file: give rows files, JSONL" in error
+    assert "(it holds train.jsonl)" in error and "does not exist" not in error
+
+
 def test_broken_prompt_and_config_files_are_named(tmp_path, capsys, no_model):
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text('{"prompt": "a"}\n{"prompt": "b}\n')
