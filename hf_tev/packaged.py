@@ -131,12 +131,19 @@ def packaged_model_path(hub_id: str, cache_dir: str | os.PathLike | None = None)
     chunk_files = _chunk_files(model)
     source = {"hub_id": hub_id, "distribution": model.distribution, "version": version(model.distribution)}
     folder = Path(cache_dir or default_cache_dir()) / f"{hub_id.replace('/', '--')}-{model.quantization}"
+    if _is_complete(folder, source):  # no lock, nothing written: a read-only copy of the cache loads
+        return folder
     folder.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(str(folder) + ".lock"):  # two processes converting at once would write one folder twice
-        stored = _source_of(folder) or {}
-        if {key: stored.get(key) for key in source} != source:  # absent, interrupted, or another package version
+        if not _is_complete(folder, source):  # another process may have converted it while this one waited
             _convert(model, chunk_files, folder, source)
     return folder
+
+
+def _is_complete(folder: Path, source: dict) -> bool:
+    """Whether `folder` is a finished conversion of `source` (not absent, interrupted, or of another version)."""
+    stored = _source_of(folder) or {}
+    return {key: stored.get(key) for key in source} == source
 
 
 def _chunk_files(model: PackagedModel) -> list[Path]:
@@ -161,10 +168,12 @@ def _chunk_files(model: PackagedModel) -> list[Path]:
 
 
 def _source_of(folder: Path) -> dict | None:
+    """The source record of a converted folder; None when it is missing or unreadable, or not a JSON object."""
     try:
-        return json.loads((folder / SOURCE_FILE).read_text())
+        stored = json.loads((folder / SOURCE_FILE).read_text())
     except (OSError, ValueError):
         return None
+    return stored if isinstance(stored, dict) else None
 
 
 def _convert(model: PackagedModel, chunk_files: list[Path], folder: Path, source: dict) -> None:

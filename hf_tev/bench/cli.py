@@ -4,18 +4,19 @@
 bench.png; `hf-tev bench report DIR/bench.json [--output DIR2]` (or `report DIR`) re-renders bench.md and bench.png
 from a stored bench.json, running nothing. The options are the fields of `BenchConfig`, parsed by transformers'
 `HfArgumentParser` as `hf-tev train` parses its own: `--max_new_tokens` and `--max-new-tokens` both work, lists are
-comma- or space-separated, and a YAML / JSON file of the same names can come first (options after it override it).
+comma- or space-separated, and a YAML / JSON file of the same names can come first or follow `--config` (options
+after it override it).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import typing
 from dataclasses import field, fields, make_dataclass
 from pathlib import Path
 
+from ..cli_options import apply_config, record_given_names, refuse_names_given_twice, split_config
 from ..kit import KIT_DRAFTERS
 from .config import DTYPES, BenchConfig
 from .loading import check_sources
@@ -44,9 +45,11 @@ Decoding methods side by side in one process, interleaved per prompt: tau, 1 + C
     hf-tev bench --methods ar,tev --drafters drafter-dflash-l135 --budgets 8,auto --batch_sizes 1,4,8 \\
         --temperatures 0 --max_prompts 8 --max_new_tokens 32 --output bench_batch   # batches against batched ar
     hf-tev bench recipe.yaml --output bench_2     # the options of a YAML / JSON file; options after it override it
+    hf-tev bench --config recipe.yaml             # the same
     hf-tev bench report bench_out/bench.json --output elsewhere   # re-render bench.md / bench.png, no run
 
-Every option has both spellings (--max_new_tokens, --max-new-tokens); lists are comma- or space-separated.
+Every option has both spellings (--max_new_tokens, --max-new-tokens); lists are comma- or space-separated; one
+option given under two of its names (--drafters A --drafter B) is refused.
 Every run uses the same prompts, max_new_tokens, dtype and device. Within one temperature and prompt set, the
 runs are interleaved per prompt (all methods on prompt 1, --repeats times in rotating order, then prompt 2, ...),
 and every run of a prompt starts from the same seed. `ar` always runs: it is the reference for SR and for the
@@ -136,13 +139,15 @@ def build_parser(prog="hf-tev bench") -> argparse.ArgumentParser:
     """`HfArgumentParser` over `BenchArguments` (every field of `BenchConfig`)."""
     from transformers import HfArgumentParser
 
-    return HfArgumentParser(
+    parser = HfArgumentParser(
         BenchArguments,
         prog=prog,
         description=DESCRIPTION,
         epilog=_registry_listing(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    record_given_names(parser)  # --drafters A --drafter B is refused, not settled by keeping B
+    return parser
 
 
 def build_report_parser(prog="hf-tev bench report") -> argparse.ArgumentParser:
@@ -188,32 +193,19 @@ def config_from_arguments(values: dict) -> BenchConfig:
     return BenchConfig(**values)
 
 
-def _read_options_file(parser, path: str) -> None:
-    """A YAML / JSON mapping of option names to values becomes the parser's defaults."""
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-        import yaml
-
-        values = json.loads(text) if path.endswith(".json") else yaml.safe_load(text)
-    except (OSError, ValueError) as error:  # yaml.YAMLError is a ValueError
-        parser.error(f"cannot read {path}: {error}")
-    if not isinstance(values, dict):
-        parser.error(f"{path} must hold a mapping of option names to values, got {type(values).__name__}")
-    values = {str(name).replace("-", "_"): value for name, value in values.items()}
-    unknown = sorted(set(values) - set(OPTIONS))
-    if unknown:
-        parser.error(f"{path}: unknown options {unknown}; known: {list(OPTIONS)}")
-    parser.set_defaults(**values)
-
-
 def parse_config(argv: list[str], prog: str = "hf-tev bench") -> BenchConfig:
-    """The checked `BenchConfig` of a command line: options, or a YAML / JSON file first and options after it."""
+    """The checked `BenchConfig` of a command line: options, a YAML / JSON file (first, or `--config FILE`) and
+    options that override it; one option given under two of its names is refused."""
     parser = build_parser(prog)
-    if argv and not argv[0].startswith("-") and argv[0].endswith((".yaml", ".yml", ".json")):
-        _read_options_file(parser, argv[0])
-        argv = argv[1:]
+    config, argv = split_config(parser, argv)
+    if config is not None:
+        try:
+            apply_config(parser, config)
+        except (ValueError, OSError) as error:
+            parser.error(" ".join(str(error).split()))
     (arguments,) = parser.parse_args_into_dataclasses(args=argv, look_for_args_file=False)
     try:  # every check that needs no model, before any is loaded
+        refuse_names_given_twice(parser)
         config = config_from_arguments(vars(arguments))
         check_sources(config)
         check_output_folder(config.output, overwrite=config.overwrite_output_dir)

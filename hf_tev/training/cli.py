@@ -16,9 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..cli_options import read_config
 from ..config import temperature_sampling
 from .inputs import PROMPT_COLUMNS, check_model_roles, check_model_source, read_prompts, read_rows
-from .script_args import ExitScriptArguments, build_parser, parse_args, read_config
+from .script_args import ExitScriptArguments, build_parser, parse_args
 
 __all__ = [
     "PROMPT_COLUMNS",

@@ -63,10 +63,12 @@ def read_rows(paths: Sequence[str], limit: int | None = None) -> list[dict[str, 
     """Rows from JSONL files (one JSON object a line) or JSON files (a list of objects), concatenated.
 
     Raises ValueError naming the file (and line) of a broken or non-UTF-8 line, of a row that is not a JSON object,
-    and of a file without rows; FileNotFoundError for a missing file.
+    and of a file without rows; FileNotFoundError for a missing file, IsADirectoryError for a folder.
     """
     rows = []
     for path in paths:
+        if Path(path).is_dir():
+            raise IsADirectoryError(_folder_of_rows(Path(path)))
         if not Path(path).is_file():
             raise FileNotFoundError(f"rows file {path} does not exist")
         if str(path).endswith(".json"):
@@ -81,6 +83,16 @@ def read_rows(paths: Sequence[str], limit: int | None = None) -> list[dict[str, 
                 raise ValueError(f"{path} {position}: a row must be a JSON object, got {type(row).__name__}")
         rows += found
     return rows[:limit] if limit is not None else rows
+
+
+def _folder_of_rows(folder: Path) -> str:
+    """The mistake of a folder given where rows files go, with the rows files it holds."""
+    held = sorted(p.name for p in folder.iterdir() if p.suffix in (".jsonl", ".json") and p.is_file())
+    inside = f" (it holds {', '.join(held[:5])}{', ...' if len(held) > 5 else ''})" if held else ""
+    return (
+        f"rows file {folder} is a folder, not a file: give rows files, JSONL (one JSON object a line) or .json "
+        f"(a list of objects){inside}"
+    )
 
 
 def read_prompts(

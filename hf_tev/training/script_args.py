@@ -42,14 +42,11 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import functools
-import json
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
 
+from ..cli_options import apply_config, record_given_names, refuse_names_given_twice, split_config
 from .inputs import PROMPT_COLUMNS
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -252,44 +249,8 @@ def build_parser(prog: str = "hf-tev train"):
         ("training options", "transformers.TrainingArguments, inherited by ExitTrainingArguments.", inherited),
     ]
     _group_options(parser, sections)
-    _record_given_names(parser)
+    record_given_names(parser)
     return parser
-
-
-def _canonical(option: str) -> str:
-    """An option's name without dashes, `-` read as `_`: both spellings of a name are one name."""
-    return option.lstrip("-").replace("-", "_")
-
-
-def _record_given_names(parser) -> None:
-    """Make every option that has aliases (`--drafter` / `--model_name_or_path`) record the names it is given under
-    (`action.given_names`, abbreviations resolved by argparse), so that `parse_args` can refuse two of them."""
-    for action in parser._actions:
-        if len({_canonical(option) for option in action.option_strings}) > 1:
-            action.__class__ = _recording(type(action))
-            action.given_names = []
-
-
-@functools.cache
-def _recording(action_class):
-    """`action_class` whose calls record the option name they were given under."""
-
-    def call(self, parser, namespace, values, option_string=None):
-        if option_string is not None:
-            self.given_names.append(_canonical(option_string))
-        return action_class.__call__(self, parser, namespace, values, option_string)
-
-    return type(action_class.__name__, (action_class,), {"__call__": call})
-
-
-def refuse_aliases_given_twice(parser) -> None:
-    """A ValueError naming both when one argument was given under two of its names (`--drafter A
-    --model_name_or_path B`): argparse would keep the last and drop the other without a word."""
-    for action in parser._actions:
-        names = list(dict.fromkeys(getattr(action, "given_names", ())))
-        if len(names) > 1:
-            given = " and ".join(f"--{name}" for name in names)
-            raise ValueError(f"{given} are two names of one argument ({action.dest}) and were both given; give it once")
 
 
 def _field_names(dataclass_type) -> set[str]:
@@ -307,77 +268,13 @@ def _group_options(parser, sections) -> None:
             group._group_actions.append(action)
 
 
-def option_names(parser) -> dict[str, str]:
-    """Every long option name, with `_` for `-` and without the dashes, -> the argument it sets (aliases too)."""
-    return {
-        option.lstrip("-").replace("-", "_"): action.dest
-        for action in parser._actions
-        for option in action.option_strings
-        if option.startswith("--")
-    }
-
-
 def parse_args(argv: Sequence[str] | None = None, prog: str = "hf-tev train"):
     """`(ExitScriptArguments, ExitTrainingArguments)` from flags, a config file (`FILE.yaml|yml|json` as the first
     argument, or `--config FILE`) or both: flags override the file. The file may use the aliases too."""
-    argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser(prog)
-    config = None
-    if "--config" in argv:
-        at = argv.index("--config")
-        if at + 1 >= len(argv):
-            parser.error("--config needs a file")
-        config, argv = argv[at + 1], argv[:at] + argv[at + 2 :]
-    elif argv and not argv[0].startswith("-") and argv[0].endswith((".yaml", ".yml", ".json")):
-        config, argv = argv[0], argv[1:]
+    config, argv = split_config(parser, sys.argv[1:] if argv is None else argv)
     if config is not None:
-        values = _config_values(parser, config)
-        parser.set_defaults(**values)
-        for action in parser._actions:
-            if action.dest in values:
-                action.required = False
+        apply_config(parser, config)
     script_args, training_args = parser.parse_args_into_dataclasses(args=argv, look_for_args_file=False)
-    refuse_aliases_given_twice(parser)
+    refuse_names_given_twice(parser)
     return script_args, training_args
-
-
-def _config_values(parser, config) -> dict[str, Any]:
-    """The values of a config file under their argument names (aliases translated); unknown names and one argument
-    given twice are parser errors."""
-    names = option_names(parser)
-    values = {}
-    for key, value in read_config(config).items():
-        name = names.get(str(key).replace("-", "_"))
-        if name is None:
-            parser.error(f"{config}: unknown argument {key!r}")
-        if name in values:
-            parser.error(f"{config}: {name!r} is given twice (as {key!r} and under another name)")
-        values[name] = value
-    return values
-
-
-def read_config(path) -> dict[str, Any]:
-    """A YAML or JSON mapping of argument names to values; a file that is not one raises ValueError naming the
-    file (and the line)."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"config file {path} does not exist")
-    try:
-        text = path.read_bytes().decode("utf-8")
-    except UnicodeDecodeError as error:
-        raise ValueError(f"{path} is not UTF-8 text (byte {error.start})") from None
-    if path.suffix == ".json":
-        try:
-            values = json.loads(text)
-        except json.JSONDecodeError as error:
-            raise ValueError(f"{path} line {error.lineno} column {error.colno}: not valid JSON ({error.msg})") from None
-    else:
-        import yaml
-
-        try:
-            values = yaml.safe_load(text) or {}
-        except yaml.YAMLError as error:
-            raise ValueError(f"{path}: not valid YAML ({' '.join(str(error).split())})") from None
-    if not isinstance(values, dict):
-        raise ValueError(f"{path} must hold a mapping of argument names to values, got {type(values).__name__}")
-    return values

@@ -195,6 +195,35 @@ def test_a_yaml_file_with_an_unknown_option_is_refused(tmp_path, no_run, capsys)
     assert exit_info.value.code == 2 and f"{recipe}: unknown options ['max_tokens']" in capsys.readouterr().err
 
 
+def _refusal(argv, capsys) -> str:
+    """The last stderr line of `hf-tev bench argv`, which must stop with status 2 and no traceback."""
+    with pytest.raises(SystemExit) as exit_info:
+        hf_tev_main(["bench", *argv])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and "Traceback" not in err, err
+    return err.strip().splitlines()[-1]
+
+
+@pytest.mark.parametrize("first, second", [("--drafters", "--drafter"), ("--drafter", "--drafters")])
+def test_an_option_given_under_two_of_its_names_is_refused_naming_both(first, second, tmp_path, no_run, capsys):
+    argv = [first, "drafter-dflash", second, "drafter-exittrain", "--output", str(tmp_path / "o")]
+    line = _refusal(argv, capsys)
+    assert f"{first} and {second} are two names of one argument (drafters)" in line and "give it once" in line
+    assert not no_run
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text("drafters: drafter-dflash\ndrafter: drafter-exittrain\n")
+    assert f"{recipe}: 'drafters' is given twice" in _refusal([str(recipe)], capsys)
+
+
+@pytest.mark.parametrize("config_flag", [False, True])
+def test_a_broken_recipe_is_named_with_its_line_and_column(config_flag, tmp_path, no_run, capsys):
+    recipe = tmp_path / "broken.yaml"
+    recipe.write_text("methods: [ar, tev\nmax_new_tokens: 4\n")
+    line = _refusal(["--config", str(recipe)] if config_flag else [str(recipe)], capsys)
+    assert line.startswith(f"hf-tev bench: error: {recipe} line 2 column 15: not valid YAML (while parsing")
+    assert "<unicode string>" not in line and not no_run
+
+
 def test_every_setting_is_an_option_and_help_lists_the_main_ones_first(capsys):
     assert set(bench.cli.OPTIONS) == {f.name for f in fields(bench.BenchConfig)}
     with pytest.raises(SystemExit):

