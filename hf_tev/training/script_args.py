@@ -74,7 +74,7 @@ SHORT_HELPS = {  # one line each at 80 columns
     "prompts": "prompts to answer: a file or datasets name",
     "apply_chat_template": "string prompts become a user turn",
     "max_new_tokens": "length of the responses",
-    "eval_size": "hold out the last N prompts (rows) for eval",
+    "eval_size": "hold out the last N for eval",
     "max_steps": "training steps (default: --num_train_epochs)",
     "learning_rate": "learning rate",
     "per_device_train_batch_size": "rows per device and step",
