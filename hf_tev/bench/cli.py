@@ -11,12 +11,14 @@ after it override it).
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 import typing
 from dataclasses import field, fields, make_dataclass
 from pathlib import Path
 
 from ..cli_options import apply_config, record_given_names, refuse_names_given_twice, split_config
+from ..help_view import ShortHelpFormatter, add_help_all, short_view
 from ..kit import KIT_DRAFTERS
 from .config import DTYPES, BenchConfig
 from .loading import check_sources
@@ -32,22 +34,23 @@ from .report import (
 )
 from .runner import run_bench
 
-DESCRIPTION = """\
-Decoding methods side by side in one process, interleaved per prompt: tau, 1 + C, SR, stage times.
-
+TITLE = "Decoding methods side by side in one process, interleaved per prompt: tau, 1 + C, SR, stage times."
+FIRST_EXAMPLES = """\
     hf-tev bench                                    # the full table on the tiny kit (long on a CPU)
     hf-tev bench --methods ar,ddtree,tev --drafters drafter-exittrain --budgets 32,64 --temperatures 0 \\
-        --prompt_sets humaneval --max_prompts 4 --max_new_tokens 64 --output bench_out
+        --prompt_sets humaneval --max_prompts 4 --max_new_tokens 64 --output bench_out"""
+MORE_EXAMPLES = """\
     hf-tev bench --methods ddtree,tev --drafters drafter-exittrain --budgets 32,64,128 --temperatures 0.6 \\
         --prompt_sets humaneval --output bench_t06  # the paper's Table 3 is at T = 0.6
     python -m hf_tev.bench --target Qwen/Qwen3-4B --drafters z-lab/Qwen3-4B-DFlash-b16 --assistant Qwen/Qwen3-0.6B \\
         --device cuda --dtype bfloat16 --prompt_sets mt_bench,humaneval,gsm8k,math500 --temperatures 0,0.6,1
     hf-tev bench --methods ar,tev --drafters drafter-dflash-l135 --budgets 8,auto --batch_sizes 1,4,8 \\
-        --temperatures 0 --max_prompts 8 --max_new_tokens 32 --output bench_batch   # batches against batched ar
+        --temperatures 0 --max_prompts 8 --max_new_tokens 32 --output bench_batch   # batches against batched ar"""
+LAST_EXAMPLES = """\
     hf-tev bench recipe.yaml --output bench_2     # the options of a YAML / JSON file; options after it override it
     hf-tev bench --config recipe.yaml             # the same
-    hf-tev bench report bench_out/bench.json --output elsewhere   # re-render bench.md / bench.png, no run
-
+    hf-tev bench report bench_out/bench.json --output elsewhere   # re-render bench.md / bench.png, no run"""
+NOTES = """\
 Every option has both spellings (--max_new_tokens, --max-new-tokens); lists are comma- or space-separated; one
 option given under two of its names (--drafters A --drafter B) is refused.
 Every run uses the same prompts, max_new_tokens, dtype and device. Within one temperature and prompt set, the
@@ -58,6 +61,9 @@ min-p off, whatever the model's generation config says, unless --top_k / --top_p
 produces exactly max_new_tokens tokens unless --stop_at_eos. bench.json records the settings each temperature
 passed to `generate` (settings.generation); its schema is in docs/bench.md.
 """
+DESCRIPTION = f"{TITLE}\n\n{FIRST_EXAMPLES}\n{MORE_EXAMPLES}\n{LAST_EXAMPLES}\n\n{NOTES}"  # the full --help
+SHORT_DESCRIPTION = f"{TITLE}\n\n{FIRST_EXAMPLES}\n{LAST_EXAMPLES}"  # --help
+SHORT_USAGE = "%(prog)s [RECIPE.yaml] [options]  |  %(prog)s report BENCH.json [--output DIR]"
 
 REPORT_DESCRIPTION = """\
 Re-render bench.md and bench.png from a bench.json written by `hf-tev bench`, without running anything.
@@ -104,6 +110,25 @@ LISTS = {
     "prompt_sets": str,
     "batch_sizes": int,
 }
+# `--help`: the options a first run sets, by group (the rest: `--help_all`), with shorter help for some.
+SHORT_SECTIONS = (
+    ("what to compare", ("target", "drafters", "methods", "budgets", "temperatures")),
+    ("prompts", ("prompt_sets", "max_prompts", "max_new_tokens")),
+    ("run", ("device", "dtype", "threads", "repeats", "output", "overwrite_output_dir")),
+)
+SHORT_HELPS = {  # one line each at 80 columns, but for the lists of names
+    "target": "a Hub id or a folder (default: the kit's)",
+    "drafters": "kit names, folders, Hub ids (default: kit's)",
+    "methods": f"{', '.join(METHODS)} (default: all; {REFERENCE_METHOD} always runs)",
+    "budgets": "ints >= 0, auto (default: auto,4,16,64)",
+    "temperatures": "0: greedy; > 0: sampling (default: 0,1)",
+    "prompt_sets": f"{', '.join(PROMPT_SETS)} (default: the kit's; the paper's with --target)",
+    "max_prompts": "prompts per set (default: 16)",
+    "max_new_tokens": "tokens per run (default: 128)",
+    "repeats": "timed runs per prompt; the median is kept",
+    "output": "folder of the results (default: bench_out)",
+    "overwrite_output_dir": "replace an earlier run's files in --output",
+}
 EXTRA = {"drafters": {"aliases": ["--drafter"]}, "dtype": {"choices": sorted(DTYPES)}}
 
 
@@ -135,17 +160,22 @@ def _registry_listing() -> str:
     return f"methods:\n{methods}\n\nprompt sets:\n{sets}"
 
 
-def build_parser(prog="hf-tev bench") -> argparse.ArgumentParser:
-    """`HfArgumentParser` over `BenchArguments` (every field of `BenchConfig`)."""
+def build_parser(prog="hf-tev bench", full: bool = True) -> argparse.ArgumentParser:
+    """`HfArgumentParser` over `BenchArguments` (every field of `BenchConfig`). The full view's `--help` lists every
+    option, method and prompt set; the short view's (`full=False`, what the command parses with) the examples and
+    the options of `SHORT_SECTIONS`, and its `--help_all` prints the full view's. Both views parse alike."""
     from transformers import HfArgumentParser
 
-    parser = HfArgumentParser(
-        BenchArguments,
-        prog=prog,
-        description=DESCRIPTION,
-        epilog=_registry_listing(),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    if full:
+        view = dict(
+            description=DESCRIPTION, epilog=_registry_listing(), formatter_class=argparse.RawDescriptionHelpFormatter
+        )
+    else:
+        view = dict(usage=SHORT_USAGE, description=SHORT_DESCRIPTION, formatter_class=ShortHelpFormatter)
+    parser = HfArgumentParser(BenchArguments, prog=prog, **view)
+    add_help_all(parser, functools.partial(build_parser, prog))
+    if not full:
+        short_view(parser, SHORT_SECTIONS, SHORT_HELPS, prog)
     record_given_names(parser)  # --drafters A --drafter B is refused, not settled by keeping B
     return parser
 
@@ -196,7 +226,7 @@ def config_from_arguments(values: dict) -> BenchConfig:
 def parse_config(argv: list[str], prog: str = "hf-tev bench") -> BenchConfig:
     """The checked `BenchConfig` of a command line: options, a YAML / JSON file (first, or `--config FILE`) and
     options that override it; one option given under two of its names is refused."""
-    parser = build_parser(prog)
+    parser = build_parser(prog, full=False)
     config, argv = split_config(parser, argv)
     if config is not None:
         try:

@@ -42,11 +42,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from ..cli_options import apply_config, record_given_names, refuse_names_given_twice, split_config
+from ..help_view import ShortHelpFormatter, add_help_all, short_view
 from .inputs import PROMPT_COLUMNS
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -54,6 +56,38 @@ USAGE = (
     "%(prog)s [RECIPE.yaml | --config RECIPE.yaml] --target TARGET (--train_data ROWS.jsonl ... | --prompts PROMPTS) "
     "[--output_dir DIR] [options]"
 )
+# `--help`: the options a first run sets, by group (the rest: `--help_all`), with shorter help for some.
+SHORT_SECTIONS = (
+    ("model", ("target", "drafter", "target_dtype")),
+    ("data", ("train_data", "prompts", "apply_chat_template", "max_new_tokens", "eval_size")),
+    ("training", ("max_steps", "learning_rate", "per_device_train_batch_size", "gradient_accumulation_steps", "seed")),
+    ("ExitTrain", ("objective", "tree_budget", "tree_weight", "anchors_per_sequence", "max_length")),
+    ("output", ("output_dir", "resume_from_checkpoint", "push_to_hub", "hub_model_id")),
+)
+SHORT_HELPS = {  # one line each at 80 columns
+    "target": "the target: a Hub id or a folder",
+    "drafter": "a drafter to start from (default: fresh)",
+    "target_dtype": "the target's and drafter's dtype",
+    "train_data": "JSONL / JSON files of training rows, or:",
+    "prompts": "prompts to answer: a file or datasets name",
+    "apply_chat_template": "string prompts become a user turn",
+    "max_new_tokens": "length of the responses",
+    "eval_size": "hold out the last N for eval",
+    "max_steps": "training steps (default: --num_train_epochs)",
+    "learning_rate": "learning rate",
+    "per_device_train_batch_size": "rows per device and step",
+    "gradient_accumulation_steps": "steps per optimizer update",
+    "seed": "seed of the run",
+    "objective": "the loss",
+    "tree_budget": "drafted nodes per tree",
+    "tree_weight": "weight of the tree loss",
+    "anchors_per_sequence": "drafted blocks per row",
+    "max_length": "truncate rows to N tokens",
+    "output_dir": "the drafter, its model card, the checkpoints",
+    "resume_from_checkpoint": "a checkpoint folder, or last",
+    "push_to_hub": "upload the drafter and its card",
+    "hub_model_id": "the Hub repo (default: output folder name)",
+}
 
 
 @dataclass
@@ -223,10 +257,12 @@ class ExitScriptArguments:
 # The parser
 
 
-def build_parser(prog: str = "hf-tev train"):
-    """`HfArgumentParser` over `(ExitScriptArguments, ExitTrainingArguments)`; `--help` shows this module's text,
-    then this script's options, the ExitTrain knobs and the inherited `TrainingArguments`, in that order."""
-    from transformers import HfArgumentParser, TrainingArguments
+def build_parser(prog: str = "hf-tev train", full: bool = True):
+    """`HfArgumentParser` over `(ExitScriptArguments, ExitTrainingArguments)`. The full view's `--help` shows this
+    module's text, then this script's options, the ExitTrain knobs and the inherited `TrainingArguments`, in that
+    order; the short view's (`full=False`, what the command parses with) shows the examples and the options of
+    `SHORT_SECTIONS`, and its `--help_all` prints the full view's. Both views parse alike."""
+    from transformers import HfArgumentParser
 
     from .exit_config import ExitTrainingArguments
 
@@ -237,20 +273,32 @@ def build_parser(prog: str = "hf-tev train"):
         (ExitScriptArguments, ExitTrainingArguments),
         prog=prog,
         usage=USAGE,
-        description=__doc__,
-        formatter_class=Formatter,
+        description=__doc__ if full else "\n\n".join(__doc__.split("\n\n")[:2]),  # the title and the examples
+        formatter_class=Formatter if full else ShortHelpFormatter,
     )
+    add_help_all(parser, functools.partial(build_parser, prog))
+    if full:
+        _group_options(parser, _full_sections())
+    else:
+        short_view(parser, SHORT_SECTIONS, SHORT_HELPS, prog)
+    record_given_names(parser)
+    return parser
+
+
+def _full_sections() -> list[tuple[str, str, set[str]]]:
+    """`(title, text, argument names)` of the full view's groups: this script's, ExitTrain's, TrainingArguments'."""
+    from transformers import TrainingArguments
+
+    from .exit_config import ExitTrainingArguments
+
     inherited = {f.name for f in dataclasses.fields(TrainingArguments)}
     exit_knobs = {f.name for f in dataclasses.fields(ExitTrainingArguments)} - inherited
     exit_knobs |= {"learning_rate", "remove_unused_columns"}  # inherited, with ExitTrain's own defaults
-    sections = [
+    return [
         ("script options", "What to train, on which data, and the model card.", _field_names(ExitScriptArguments)),
         ("ExitTrain options", "The objective and its knobs (ExitTrainingArguments).", exit_knobs),
         ("training options", "transformers.TrainingArguments, inherited by ExitTrainingArguments.", inherited),
     ]
-    _group_options(parser, sections)
-    record_given_names(parser)
-    return parser
 
 
 def _field_names(dataclass_type) -> set[str]:
@@ -271,7 +319,7 @@ def _group_options(parser, sections) -> None:
 def parse_args(argv: Sequence[str] | None = None, prog: str = "hf-tev train"):
     """`(ExitScriptArguments, ExitTrainingArguments)` from flags, a config file (`FILE.yaml|yml|json` as the first
     argument, or `--config FILE`) or both: flags override the file. The file may use the aliases too."""
-    parser = build_parser(prog)
+    parser = build_parser(prog, full=False)
     config, argv = split_config(parser, sys.argv[1:] if argv is None else argv)
     if config is not None:
         apply_config(parser, config)

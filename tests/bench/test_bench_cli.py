@@ -224,10 +224,10 @@ def test_a_broken_recipe_is_named_with_its_line_and_column(config_flag, tmp_path
     assert "<unicode string>" not in line and not no_run
 
 
-def test_every_setting_is_an_option_and_help_lists_the_main_ones_first(capsys):
+def test_every_setting_is_an_option_and_help_all_lists_the_main_ones_first(capsys):
     assert set(bench.cli.OPTIONS) == {f.name for f in fields(bench.BenchConfig)}
     with pytest.raises(SystemExit):
-        hf_tev_main(["bench", "--help"])
+        hf_tev_main(["bench", "--help_all"])  # every option; --help shows the main ones (tests/package/test_help.py)
     text = capsys.readouterr().out
     options = text[text.index("options:") :]
     first = ["--target", "--drafters", "--methods", "--budgets", "--temperatures", "--prompt_sets", "--max_prompts"]
