@@ -77,9 +77,19 @@ def make_drafter(target, *, block_size: int = 8, seed: int = 1, num_layers: int 
     """A freshly initialised DFlash drafter sized for `target` (eval mode, as `from_target` returns it), its
     weights drawn after `torch.manual_seed(seed)`. Without `target_layer_ids` the default rule picks them."""
     torch.manual_seed(seed)
-    return DFlashDraftModel.from_target(
+    drafter = DFlashDraftModel.from_target(
         target, num_layers=num_layers, block_size=block_size, target_layer_ids=target_layer_ids
     )
+    return peaky(drafter)
+
+
+def peaky(drafter):
+    """`drafter` with a unit final norm, as before `from_target` bounded a fresh drafter's logits: a random
+    drafter whose logits span sqrt(H) |w_v| proposes varied, confident trees, so deep paths get accepted and
+    the law and batch tests have power (tests/real/test_fresh_drafter.py tests the bounded start itself)."""
+    with torch.no_grad():
+        drafter.norm.weight.fill_(1.0)
+    return drafter
 
 
 def own_sliding_drafter(
@@ -88,13 +98,15 @@ def own_sliding_drafter(
     """hf_tev's own DFlash drafter with sliding-window layers (`layer_types`, window `sliding_window`), reading the
     target's layers 1 and `T - 2`, its weights drawn after `torch.manual_seed(seed)`."""
     torch.manual_seed(seed)
-    return DFlashDraftModel.from_target(
-        target,
-        num_layers=len(layer_types),
-        block_size=block_size,
-        target_layer_ids=[1, target.config.get_text_config().num_hidden_layers - 2],
-        layer_types=list(layer_types),
-        sliding_window=sliding_window,
+    return peaky(
+        DFlashDraftModel.from_target(
+            target,
+            num_layers=len(layer_types),
+            block_size=block_size,
+            target_layer_ids=[1, target.config.get_text_config().num_hidden_layers - 2],
+            layer_types=list(layer_types),
+            sliding_window=sliding_window,
+        )
     )
 
 
