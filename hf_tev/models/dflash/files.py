@@ -12,7 +12,7 @@ from huggingface_hub import try_to_load_from_cache
 from huggingface_hub.utils import HFValidationError, validate_repo_id
 from transformers.utils import cached_file
 
-from .auto_class import DRAFTER_ARCHITECTURE
+from .architecture import DRAFTER_ARCHITECTURE, architecture_names
 
 SAFE_WEIGHTS_NAME, SAFE_INDEX_NAME = "model.safetensors", "model.safetensors.index.json"
 PICKLE_WEIGHTS_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
@@ -41,21 +41,15 @@ DRAFTER_FIELDS = ("dflash_config", "target_layer_ids", "num_target_layers")  # w
 CAUSAL_LM_SUFFIXES = ("ForCausalLM", "ForConditionalGeneration", "LMHeadModel")
 
 
-def config_architectures(config: dict) -> list[str]:
-    """The names in a `config.json`'s `architectures`: a list of names, or one name as a string."""
-    names = config.get("architectures") or []
-    return [names] if isinstance(names, str) else [name for name in names if isinstance(name, str)]
-
-
 def is_drafter_config_dict(config: dict) -> bool:
     """Whether a `config.json` is a DFlash drafter's: it names `DFlashDraftModel`, or has a drafter's fields."""
-    return DRAFTER_ARCHITECTURE in config_architectures(config) or any(key in config for key in DRAFTER_FIELDS)
+    return DRAFTER_ARCHITECTURE in architecture_names(config) or any(key in config for key in DRAFTER_FIELDS)
 
 
 def model_not_drafter(config: dict) -> str | None:
     """What a `config.json` that names a model, not a DFlash drafter, is ("a causal LM (Qwen3ForCausalLM)"); None
     for a drafter's config and for one that names no architecture."""
-    names = config_architectures(config)
+    names = architecture_names(config)
     if not names or is_drafter_config_dict(config):
         return None
     kind = "a causal LM" if any(name.endswith(CAUSAL_LM_SUFFIXES) for name in names) else "a model"

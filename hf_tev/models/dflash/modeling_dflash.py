@@ -38,7 +38,7 @@ from transformers.models.qwen3.modeling_qwen3 import (
 from transformers.utils.deprecation import deprecate_kwarg
 
 from .configuration_dflash import DFlashConfig, default_target_layer_ids, drafter_mlp_width
-from .dflash_files import check_tensor_dtypes, safetensors_files
+from .files import check_tensor_dtypes, safetensors_files
 
 NOT_AN_ASSISTANT = (
     "DFlashDraftModel is a DFlash drafter, not a classic assistant model: transformers' assisted generation cannot "
@@ -595,5 +595,5 @@ def _draft_layer_types(num_layers: int, layer_types, sliding_window) -> list[str
     return types
 
 
-# `AutoModel.from_config(DFlashConfig(...))`; `AutoModel.from_pretrained` on a saved drafter: hf_tev.auto_class
+# `AutoModel.from_config(DFlashConfig(...))`; `AutoModel.from_pretrained` on a saved drafter: hf_tev.models.dflash.auto
 AutoModel.register(DFlashConfig, DFlashDraftModel, exist_ok=True)

@@ -18,10 +18,10 @@ already, and again each time the module is executed anew (`importlib.reload`), w
 """
 
 import functools
-import importlib
+
+from .architecture import DRAFTER_ARCHITECTURE, architecture_names
 
 AUTO_FACTORY = "transformers.models.auto.auto_factory"
-DRAFTER_ARCHITECTURE = "DFlashDraftModel"
 
 
 def install(auto_factory) -> None:
@@ -58,20 +58,14 @@ def is_drafter_config(config) -> bool:
     return getattr(config, "model_type", None) == "qwen3" and DRAFTER_ARCHITECTURE in architecture_names(config)
 
 
-def architecture_names(config) -> list[str]:
-    """The names in `config.architectures`: a list (or tuple) of names, or one name given as a string."""
-    architectures = getattr(config, "architectures", None) or ()
-    if isinstance(architectures, str):
-        return [architectures]
-    return [name for name in architectures if isinstance(name, str)]
-
-
 def drafter_class(config, model_mapping):
     """`DFlashDraftModel` for `AutoModel`'s mapping; a ValueError for any other auto class."""
     from transformers import MODEL_MAPPING
 
     if model_mapping is MODEL_MAPPING:
-        return importlib.import_module("hf_tev.modeling_dflash").DFlashDraftModel
+        from .modeling_dflash import DFlashDraftModel  # on first use: `import hf_tev` loads this module, not torch
+
+        return DFlashDraftModel
     name = getattr(config, "name_or_path", "") or "this config"
     raise ValueError(
         f"{name} is a DFlash drafter (architectures {architecture_names(config)}): it has no LM head of its own "
