@@ -2,8 +2,8 @@
 
 `import hf_tev` routes `model.generate(..., assistant_model=drafter, tev_config=hf_tev.TEVConfig(...))` into
 the tree decoder (`hf_tev.route`); `hf_tev.disable()` / `hf_tev.enable()` remove and restore that route. It also
-lets `AutoModel` load saved drafters (`hf_tev.auto_class`) and reads a generation config's `tev_config` back as a
-`TEVConfig` (`hf_tev.config.TEVConfigField`).
+lets `AutoModel` load saved drafters (`hf_tev.models.dflash.auto`) and reads a generation config's `tev_config`
+back as a `TEVConfig` (`hf_tev.config.TEVConfigField`).
 
 With `HF_TEV_NO_PATCH=1` (or true / yes / on) in the environment before the import, hf_tev changes nothing in
 transformers: no route, no `AutoModel` entry, no generation-config field. Tree decoding is then bound to one
@@ -17,10 +17,10 @@ import importlib
 import os
 
 from ._version import __version__
-from .auto_class import AUTO_FACTORY
 from .binding import bind, is_bound, unbind
 from .import_hooks import after_import
 from .logs import configure_logging
+from .models.dflash.auto import AUTO_FACTORY
 from .route import disable, enable, is_enabled
 
 # The environment variable that makes `import hf_tev` change nothing in transformers (see above).
@@ -59,8 +59,8 @@ __all__ = [
 
 # Public name -> the module that defines it (imported on first access).
 _LAZY = {
-    "DFlashConfig": "configuration_dflash",
-    "DFlashDraftModel": "modeling_dflash",
+    "DFlashConfig": "models.dflash.configuration_dflash",
+    "DFlashDraftModel": "models.dflash.modeling_dflash",
     "DraftTree": "tree",
     "TREE_BUILDERS": "tree",
     "build_tree": "tree",
@@ -98,5 +98,5 @@ def patches_wanted() -> bool:
 
 if patches_wanted():
     enable()
-    after_import(AUTO_FACTORY, f"{__name__}.auto_class", "install")  # AutoModel loads saved drafters
+    after_import(AUTO_FACTORY, f"{__name__}.models.dflash.auto", "install")  # AutoModel loads saved drafters
     after_import(GENERATION_CONFIG_MODULE, f"{__name__}.config", "install_generation_config_field")

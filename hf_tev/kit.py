@@ -60,7 +60,7 @@ def load_kit_model(name: str, dtype=None, device=None):
     ships no pickle file): a kit folder with only `pytorch_model.bin` is refused."""
     path = kit_path(name)
     if name.startswith("drafter-"):
-        from .modeling_dflash import DFlashDraftModel
+        from .models.dflash.modeling_dflash import DFlashDraftModel
 
         model = DFlashDraftModel.from_pretrained(path, dtype=dtype)
     else:

@@ -188,7 +188,7 @@ def load_models(config: BenchConfig) -> BenchModels:
 def _load_drafter(name, config, dtype, device):
     if config.target is None and name in KIT_DRAFTERS:
         return load_kit_model(name, dtype, device)
-    from ..modeling_dflash import DFlashDraftModel
+    from ..models.dflash.modeling_dflash import DFlashDraftModel
 
     return DFlashDraftModel.from_pretrained(name, dtype=dtype).to(device).eval()
 

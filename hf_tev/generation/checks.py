@@ -19,7 +19,7 @@ from transformers.cache_utils import (
 from transformers.utils import logging
 
 from ..config import TEVConfig, tree_memory_bytes
-from ..native_drafters import drafter_sliding_window, native_drafter_problems
+from ..models.dflash.native import drafter_sliding_window, native_drafter_problems
 from ..target_layers import BufferLayer, TreeStateLayer, check_tree_layers, sliding_window, tree_state_bytes
 
 logger = logging.get_logger(__name__)
@@ -62,7 +62,7 @@ REFUSED_OPTIONS = (
 )
 # the model kwargs the decoder takes (`use_cache` and `logits_to_keep` it chooses itself per forward)
 MODEL_KWARGS = ("attention_mask", "position_ids", "cache", "use_cache", "logits_to_keep")
-# what the decoder calls on a drafter (hf_tev's DFlashDraftModel, or native_drafters' adapter of a native one)
+# what the decoder calls on a drafter (hf_tev's DFlashDraftModel, or the adapter of a native one, models.dflash.native)
 DRAFTER_INTERFACE = ("draft_logits", "check_target", "target_hidden_indices", "context_features", "new_cache", "config")
 # the modalities generate encodes before the decoder runs (`mm_encoder_outputs`), by the model's `get_<m>_features`
 ENCODED_MODALITIES = ("image", "video")
@@ -93,7 +93,7 @@ def check_supported(model, drafter, input_ids, generation_config, tev_config: TE
 
 def check_drafter(drafter, tev_config: TEVConfig) -> None:
     """A DFlash drafter with its weights loaded (none for tree lookup decoding): hf_tev's own, or one transformers'
-    DFlash chain drives (`hf_tev.native_drafters.tree_drafter` made it hf_tev's interface before this check)."""
+    DFlash chain drives (`hf_tev.models.dflash.native.tree_drafter` made it hf_tev's interface before this check)."""
     if drafter is None and not tev_config.lookup:
         raise ValueError(
             "`tev_config` needs `assistant_model=` a DFlash drafter (hf_tev.DFlashDraftModel), or "

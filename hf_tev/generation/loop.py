@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..config import TEVConfig, TEVStats
-from ..native_drafters import tree_drafter
+from ..models.dflash.native import tree_drafter
 from ..target_layers import full_length_cache, settle_tree_states
 from ..verify import VERIFIERS, coverage
 from .auto import TreeSizes, automatic_budget, probe_ratio

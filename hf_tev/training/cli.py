@@ -177,7 +177,7 @@ def load_models(script: ExitScriptArguments, args):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, set_seed
 
-    from ..modeling_dflash import DFlashDraftModel
+    from ..models.dflash.modeling_dflash import DFlashDraftModel
 
     check_model_roles(script.target, script.drafter, hub=True)  # a Hub id given in the other's place, named
     set_seed(args.seed)

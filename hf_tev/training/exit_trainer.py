@@ -53,7 +53,7 @@ from transformers import PreTrainedModel, Trainer
 from transformers.trainer import TRAINING_ARGS_NAME
 from transformers.trainer_utils import get_last_checkpoint
 
-from ..modeling_dflash import DFlashDraftModel
+from ..models.dflash.modeling_dflash import DFlashDraftModel
 from . import hub
 from .checkpoints import NEW_RUN, DrawCounter, check_checkpoint, check_checkpoint_drafter, seeded_generator
 from .data import ExitDataCollator, check_trainer_datasets

@@ -182,7 +182,7 @@ def check_model_roles(target: str, drafter: str | None, hub: bool = False) -> No
     habit: `--model_name_or_path` names the model trained, here the drafter) or a DFlash drafter as the target.
     Local folders are read; with `hub`, a Hub id's `config.json` is fetched too (one that cannot be fetched is left
     to the loader, which says why)."""
-    from ..dflash_files import is_drafter_config_dict, model_not_drafter
+    from ..models.dflash.files import is_drafter_config_dict, model_not_drafter
 
     if drafter is not None:
         config = _model_config(drafter, hub)

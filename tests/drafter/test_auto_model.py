@@ -78,8 +78,8 @@ IMPORT_ORDERS = {
         "import hf_tev", "from transformers import AutoModel", RELOAD_FACTORY, RELOAD_FACTORY,
     ],
     "hf_tev's modules reloaded too": [
-        "from transformers import AutoModel", "import hf_tev", "import importlib, hf_tev.auto_class",
-        "importlib.reload(hf_tev.import_hooks); importlib.reload(hf_tev.auto_class); importlib.reload(hf_tev)",
+        "from transformers import AutoModel", "import hf_tev", "import importlib, hf_tev.models.dflash.auto",
+        "importlib.reload(hf_tev.import_hooks); importlib.reload(hf_tev.models.dflash.auto); importlib.reload(hf_tev)",
         RELOAD_FACTORY,
     ],
 }  # fmt: skip
@@ -101,7 +101,7 @@ def test_auto_model_knows_drafters_in_every_import_order_and_after_reloads(saved
             f"for folder in ({str(folder)!r}, {str(as_string)!r}):",
             "    model = AutoModel.from_pretrained(folder)",
             "    name = type(model).__module__ + '.' + type(model).__name__",
-            "    assert name == 'hf_tev.modeling_dflash.DFlashDraftModel', (folder, name)",
+            "    assert name == 'hf_tev.models.dflash.modeling_dflash.DFlashDraftModel', (folder, name)",
             "dims = dict(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=1,",
             "            num_attention_heads=2, num_key_value_heads=1, head_dim=16)",
             "for names in ('NotADFlashDraftModelAtAll', ['NotADFlashDraftModelAtAll'], 'Qwen3Model'):",
@@ -119,8 +119,8 @@ def test_a_transformers_without_the_hook_point_warns_once_naming_what_no_longer_
         [
             "import transformers.models.auto.auto_factory as af",
             "del af._get_model_class  # a transformers whose auto classes choose their model class elsewhere",
-            "import hf_tev, hf_tev.auto_class",
-            "hf_tev.auto_class.install(af)  # a second try (e.g. after a reload) warns no more",
+            "import hf_tev, hf_tev.models.dflash.auto",
+            "hf_tev.models.dflash.auto.install(af)  # a second try (e.g. after a reload) warns no more",
             "assert not hasattr(af, '_get_model_class')",
         ]
     )

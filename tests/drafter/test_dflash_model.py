@@ -22,8 +22,8 @@ from helpers import (
 )
 from safetensors.torch import load_file, save_file
 
-from hf_tev.configuration_dflash import DFlashConfig, default_target_layer_ids
-from hf_tev.modeling_dflash import DFlashDraftModel, default_mask_token_id
+from hf_tev.models.dflash.configuration_dflash import DFlashConfig, default_target_layer_ids
+from hf_tev.models.dflash.modeling_dflash import DFlashDraftModel, default_mask_token_id
 
 # ----------------------------------------------------------------------------- a published-style checkpoint
 

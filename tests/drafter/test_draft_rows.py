@@ -5,7 +5,7 @@ import pytest
 import torch
 from helpers import make_target, own_sliding_drafter
 
-from hf_tev.modeling_dflash import MATMUL_ROWS, DFlashDraftModel
+from hf_tev.models.dflash.modeling_dflash import MATMUL_ROWS, DFlashDraftModel
 
 
 def whole_block_logits(drafter, target, features, block, positions, mask=None):

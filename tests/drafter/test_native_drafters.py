@@ -23,7 +23,7 @@ from transformers import (
 )
 
 from hf_tev import DFlashDraftModel, TEVConfig
-from hf_tev.native_drafters import NativeDFlashDrafter, noise_embeddings, tree_drafter
+from hf_tev.models.dflash.native import NativeDFlashDrafter, noise_embeddings, tree_drafter
 from hf_tev.target_layers import full_length_cache, tree_attention_masks
 from hf_tev.tree import build_tree, tree_attention_mask, tree_position_ids
 

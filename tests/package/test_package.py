@@ -61,6 +61,7 @@ def test_wheel_holds_every_module_and_data_file(wheel):
     assert not data - names, f"data files missing from the wheel: {sorted(data - names)}"
     modules = package_files(suffix_is_py=True)
     assert "hf_tev/training/__init__.py" in modules and "hf_tev/training/hub.py" in modules
+    assert {"hf_tev/models/__init__.py", "hf_tev/models/dflash/__init__.py", "hf_tev/models/dflash/auto.py"} <= modules
     assert not modules - names, f"modules missing from the wheel: {sorted(modules - names)}"
     assert "hf_tev/py.typed" in names  # PEP 561: type checkers read the package's annotations
     (license_file,) = [n for n in names if n.endswith(".dist-info/licenses/LICENSE")]

@@ -11,7 +11,7 @@ from huggingface_hub import ModelCard, constants
 from huggingface_hub.errors import OfflineModeIsEnabled
 
 import hf_tev.training.hub as hub
-from hf_tev.modeling_dflash import DFlashDraftModel
+from hf_tev.models.dflash.modeling_dflash import DFlashDraftModel
 from hf_tev.training import ExitTrainer, ExitTrainingArguments, render_model_card
 
 EVAL_TAU = [{"split": "eval_dataset", "tau": 2.5, "budget": 32, "temperature": 0.0, "max_new_tokens": 8, "step": 3}]

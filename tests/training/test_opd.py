@@ -23,7 +23,7 @@ from helpers import (
 
 import hf_tev.training.rollouts as rollouts_module
 from hf_tev.kit import kit_path
-from hf_tev.modeling_dflash import DFlashDraftModel
+from hf_tev.models.dflash.modeling_dflash import DFlashDraftModel
 from hf_tev.training import ExitTrainer
 from hf_tev.training.losses import accepted_depths, opd_loss, replay_chains, replay_teacher_logits, rollout_batch
 from hf_tev.training.rollouts import collect_rollouts, rollout_from_lengths
@@ -231,7 +231,7 @@ def test_hf_tev_train_objective_opd(tmp_path):
 DDP_SCRIPT = """
 import json, sys, torch
 from helpers import make_target
-from hf_tev.modeling_dflash import DFlashDraftModel
+from hf_tev.models.dflash.modeling_dflash import DFlashDraftModel
 from hf_tev.training import ExitTrainer, ExitTrainingArguments
 
 out = sys.argv[1]

@@ -13,7 +13,7 @@ from huggingface_hub import ModelCard
 from safetensors.torch import load_file
 
 from hf_tev.kit import kit_path
-from hf_tev.modeling_dflash import DFlashDraftModel
+from hf_tev.models.dflash.modeling_dflash import DFlashDraftModel
 from hf_tev.training import cli
 
 

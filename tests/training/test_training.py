@@ -24,7 +24,7 @@ import hf_tev.training.hub as hub
 import hf_tev.training.losses as losses
 import hf_tev.training.rollouts as rollouts_module
 from hf_tev.exit_loss import exittrain_loss
-from hf_tev.modeling_dflash import DFlashDraftModel
+from hf_tev.models.dflash.modeling_dflash import DFlashDraftModel
 from hf_tev.training import (
     ExitDataCollator,
     ExitTrainer,
@@ -619,7 +619,7 @@ def test_defaults_follow_the_released_code_and_knobs_are_the_exittrain_fields(tm
 DDP_SCRIPT = """
 import json, sys, torch
 from helpers import make_target
-from hf_tev.modeling_dflash import DFlashDraftModel
+from hf_tev.models.dflash.modeling_dflash import DFlashDraftModel
 from hf_tev.training import ExitTrainer, ExitTrainingArguments
 
 out = sys.argv[1]
