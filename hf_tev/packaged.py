@@ -26,6 +26,7 @@ import importlib.util
 import json
 import os
 import shutil
+import time
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -179,7 +180,10 @@ def _source_of(folder: Path) -> dict | None:
 def _convert(model: PackagedModel, chunk_files: list[Path], folder: Path, source: dict) -> None:
     """Dequantize the GGUF into a fresh folder beside `folder`, then move it into place (never a half folder)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging
 
+    logger, start = logging.get_logger(__name__), time.perf_counter()
+    logger.warning(f"Converting {model.gguf_name} ({model.hub_id}) to a safetensors folder in {folder.parent}, once")
     building = folder.with_name(folder.name + ".building")
     shutil.rmtree(building, ignore_errors=True)
     building.mkdir(parents=True)
@@ -199,6 +203,7 @@ def _convert(model: PackagedModel, chunk_files: list[Path], folder: Path, source
     (building / SOURCE_FILE).write_text(json.dumps(source, indent=2, sort_keys=True) + "\n")
     shutil.rmtree(folder, ignore_errors=True)
     building.rename(folder)
+    logger.warning(f"Converted {model.hub_id} in {time.perf_counter() - start:.0f} s: {folder}")
 
 
 def _gguf_location(model: PackagedModel, chunk_files: list[Path], building: Path) -> tuple[Path, str]:
