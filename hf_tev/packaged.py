@@ -3,8 +3,8 @@
 With network, a user loads `HuggingFaceTB/SmolLM2-135M-Instruct` from the Hub. Offline (this project's CI, an
 air-gapped machine), the same `from_pretrained` call reads a folder that `packaged_model_path` builds once from
 the packaged GGUF: transformers' own GGUF loader dequantizes it (to float32), and the result is saved as a plain
-safetensors folder (weights, config, tokenizer with its chat template) in the user's cache, so later loads take
-about a second and compile nothing.
+safetensors folder (weights, config, tokenizer with its chat template) in the user's cache, so later loads read
+that folder and compile nothing.
 
 ```python
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -126,8 +126,9 @@ def default_cache_dir() -> Path:
 
 
 def packaged_model_path(hub_id: str, cache_dir: str | os.PathLike | None = None) -> Path:
-    """A local folder `from_pretrained` reads for `hub_id`, converted from its packaged GGUF on first use (about a
-    minute for SmolLM2) and reused afterwards. Raises `ModuleNotFoundError` naming the pip package to install."""
+    """A local folder `from_pretrained` reads for `hub_id`, converted from its packaged GGUF on first use (a line
+    before and after, with the time it took) and reused afterwards. Raises `ModuleNotFoundError` naming the pip
+    package to install."""
     model = packaged_model(hub_id)
     chunk_files = _chunk_files(model)
     source = {"hub_id": hub_id, "distribution": model.distribution, "version": version(model.distribution)}

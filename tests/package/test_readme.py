@@ -53,10 +53,8 @@ COMMAND_SUBSTITUTIONS = [
     ("--eval_size 32", "--eval_size 1", "a short run"),
     ("--tree_budget 32", "--tree_budget 4", "a short run"),
     ("--max_steps 2000", "--max_steps 1", "a short run"),
-    ("--max-prompts 6", "--max-prompts 1", "a short run"),
     ("--max-prompts 4", "--max-prompts 1", "a short run"),
     ("--max-new-tokens 64", "--max-new-tokens 8", "a short run"),
-    ("--budgets auto,4,8,16", "--budgets auto,4", "a short run"),
     ("--temperatures 0,1", "--temperatures 0", "a short run"),
     ("--threads 2", "--threads 1", "the test suite's one thread"),
 ]
