@@ -3,8 +3,8 @@
 With network, a user loads `HuggingFaceTB/SmolLM2-135M-Instruct` from the Hub. Offline (this project's CI, an
 air-gapped machine), the same `from_pretrained` call reads a folder that `packaged_model_path` builds once from
 the packaged GGUF: transformers' own GGUF loader dequantizes it (to float32), and the result is saved as a plain
-safetensors folder (weights, config, tokenizer with its chat template) in the user's cache, so later loads take
-about a second and compile nothing.
+safetensors folder (weights, config, tokenizer with its chat template) in the user's cache, so later loads read
+that folder and compile nothing.
 
 ```python
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -26,6 +26,7 @@ import importlib.util
 import json
 import os
 import shutil
+import time
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -125,8 +126,9 @@ def default_cache_dir() -> Path:
 
 
 def packaged_model_path(hub_id: str, cache_dir: str | os.PathLike | None = None) -> Path:
-    """A local folder `from_pretrained` reads for `hub_id`, converted from its packaged GGUF on first use (about a
-    minute for SmolLM2) and reused afterwards. Raises `ModuleNotFoundError` naming the pip package to install."""
+    """A local folder `from_pretrained` reads for `hub_id`, converted from its packaged GGUF on first use (a line
+    before and after, with the time it took) and reused afterwards. Raises `ModuleNotFoundError` naming the pip
+    package to install."""
     model = packaged_model(hub_id)
     chunk_files = _chunk_files(model)
     source = {"hub_id": hub_id, "distribution": model.distribution, "version": version(model.distribution)}
@@ -179,7 +181,10 @@ def _source_of(folder: Path) -> dict | None:
 def _convert(model: PackagedModel, chunk_files: list[Path], folder: Path, source: dict) -> None:
     """Dequantize the GGUF into a fresh folder beside `folder`, then move it into place (never a half folder)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging
 
+    logger, start = logging.get_logger(__name__), time.perf_counter()
+    logger.warning(f"Converting {model.gguf_name} ({model.hub_id}) to a safetensors folder in {folder.parent}, once")
     building = folder.with_name(folder.name + ".building")
     shutil.rmtree(building, ignore_errors=True)
     building.mkdir(parents=True)
@@ -199,6 +204,7 @@ def _convert(model: PackagedModel, chunk_files: list[Path], folder: Path, source
     (building / SOURCE_FILE).write_text(json.dumps(source, indent=2, sort_keys=True) + "\n")
     shutil.rmtree(folder, ignore_errors=True)
     building.rename(folder)
+    logger.warning(f"Converted {model.hub_id} in {time.perf_counter() - start:.0f} s: {folder}")
 
 
 def _gguf_location(model: PackagedModel, chunk_files: list[Path], building: Path) -> tuple[Path, str]:

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
+from transformers.utils import logging
 
 from ..config import TEVConfig, TEVStats
 from ..models.dflash.native import tree_drafter
@@ -35,6 +36,8 @@ from .hybrid import text_position_ids
 from .outputs import Outputs, StageClock, first_stop
 from .processors import processors_for_row, processors_for_tree
 from .verifier import next_token, verifier_stage
+
+logger = logging.get_logger(__name__)
 
 
 @dataclass
@@ -231,6 +234,10 @@ def probe_once(budget, model, cache, inputs, rows: list[Row], hidden_indices, ma
     to the size no tree can repay, `auto.probe_ratio`), and again at the start of a call once it is stale and repaid
     (`CycleCost.needs_probe`), never while the budget has paused the drafter (no tree is priced then)."""
     if rows and budget.cost.needs_probe and not (budget.cost.probed and budget.paused):
+        if not budget.cost.probed:
+            logger.warning_once(
+                "The automatic budget measures the target's tree-pass costs once for these models and settings"
+            )
         roots, first_positions = [row.root for row in rows], [row.next_position for row in rows]
         max_tokens = budget.max_budget + 1
         budget.cost.set_probe(

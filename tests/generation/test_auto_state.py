@@ -5,7 +5,7 @@ import types
 
 import pytest
 import torch
-from helpers import greedy, make_drafter, make_target
+from helpers import greedy, make_drafter, make_target, transformers_log
 
 from hf_tev import TEVConfig
 from hf_tev.budget import AcceptanceCalibration, CostAwareBudget, CycleCost
@@ -74,6 +74,19 @@ class ScriptedClock:
     def lap(self) -> float:
         seconds, self.pending = self.pending, 0.0
         return seconds
+
+
+def test_the_first_auto_call_says_it_measures_the_tree_pass_costs_once():
+    target = make_target("qwen3")
+    drafter = make_drafter(target)
+    prompt = torch.tensor([[1, 5, 9, 13, 7, 3]])
+    with transformers_log() as messages:
+        greedy(target, prompt, assistant_model=drafter, tev_config=TEVConfig(), max_new_tokens=4)
+        first = list(messages)
+        greedy(target, prompt, assistant_model=drafter, tev_config=TEVConfig(), max_new_tokens=4)
+    said = [m for m in first if "measures the target's tree-pass costs once" in m]
+    assert len(said) == 1, first
+    assert not [m for m in messages[len(first) :] if "tree-pass costs" in m]  # the second call: measured already
 
 
 def test_the_first_auto_call_probes_only_sizes_a_tree_could_repay(monkeypatch):

@@ -53,10 +53,8 @@ COMMAND_SUBSTITUTIONS = [
     ("--eval_size 32", "--eval_size 1", "a short run"),
     ("--tree_budget 32", "--tree_budget 4", "a short run"),
     ("--max_steps 2000", "--max_steps 1", "a short run"),
-    ("--max-prompts 6", "--max-prompts 1", "a short run"),
     ("--max-prompts 4", "--max-prompts 1", "a short run"),
     ("--max-new-tokens 64", "--max-new-tokens 8", "a short run"),
-    ("--budgets auto,4,8,16", "--budgets auto,4", "a short run"),
     ("--temperatures 0,1", "--temperatures 0", "a short run"),
     ("--threads 2", "--threads 1", "the test suite's one thread"),
 ]
@@ -72,6 +70,7 @@ SKIPPED = {
     "python -m sglang.launch_server": "SGLang and a GPU; tests/drafter/test_serving_layout.py checks the layout",
 }
 RUN = ("hf-tev train --target", "hf-tev bench")  # command prefixes run here
+SLOW = ("hf-tev bench",)  # prefixes among RUN whose commands include one on the real target, SmolLM2
 
 
 def blocks(language: str) -> list[str]:
@@ -126,6 +125,7 @@ def test_every_rule_and_substitution_still_matches_the_readme():
     assert set(re.findall(r"^```(\w*)", README, flags=re.M)) - {""} == {"python", "bash"}  # nothing else to run
 
 
+@pytest.mark.slow  # the quick start loads the real target, SmolLM2
 def test_the_python_blocks_run_in_order_in_one_session(standin, smollm2_folder, tmp_path, monkeypatch, capfd):
     monkeypatch.chdir(tmp_path)  # the training block writes "out"
     monkeypatch.setenv("HF_TEV_CACHE", str(smollm2_folder.parent.parent))  # the session's converted SmolLM2
@@ -141,10 +141,11 @@ def test_the_python_blocks_run_in_order_in_one_session(standin, smollm2_folder, 
     assert len(warned) == len(set(warned)), f"a warning printed twice: {warned}"
 
 
-@pytest.mark.parametrize("prefix", RUN)
-def test_the_shell_commands_run(prefix, standin, smollm2_folder, tmp_path, monkeypatch, capfd):
+@pytest.mark.parametrize("prefix", [pytest.param(p, marks=pytest.mark.slow) if p in SLOW else p for p in RUN])
+def test_the_shell_commands_run(prefix, standin, request, tmp_path, monkeypatch, capfd):
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("HF_TEV_CACHE", str(smollm2_folder.parent.parent))  # the session's converted SmolLM2
+    if prefix in SLOW:  # the session's converted SmolLM2
+        monkeypatch.setenv("HF_TEV_CACHE", str(request.getfixturevalue("smollm2_folder").parent.parent))
     prompts = tmp_path / "prompts.json"
     prompts.write_text(json.dumps(["Write a function that adds two numbers.", "Sort a list.", "Read a file."]))
     chosen = [c for c in commands() if rule_of(c) == prefix]

@@ -10,6 +10,8 @@ import torch
 
 from hf_tev import DFlashDraftModel
 
+pytestmark = pytest.mark.slow  # the real target (tests/conftest.py `smollm2_folder`)
+
 
 def first_loss(target, prompt_ids: torch.Tensor, block_size: int = 8, seed: int = 0) -> float:
     """The teacher-forced cross-entropy of a fresh drafter's block on the target's own greedy continuation."""
@@ -34,7 +36,6 @@ def test_a_fresh_drafter_starts_near_ln_v_on_the_kit():
     assert loss < math.log(target.config.vocab_size) + 1.0, loss
 
 
-@pytest.mark.slow
 def test_a_fresh_drafter_starts_near_ln_v_on_smollm2(smollm2, chat):
     target, _ = smollm2
     loss = first_loss(target, chat("Write a Python function that reverses a string."))

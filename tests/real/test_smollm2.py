@@ -11,6 +11,8 @@ from helpers import chi_square_pvalue, greedy, make_drafter, with_oracle
 from hf_tev import TEVConfig
 from hf_tev.packaged import SOURCE_FILE, packaged_model_path
 
+pytestmark = pytest.mark.slow  # the real target (tests/conftest.py `smollm2_folder`)
+
 SMOLLM2 = "HuggingFaceTB/SmolLM2-135M-Instruct"
 QUESTIONS = [
     "Write a Python function that checks whether a string is a palindrome.",

@@ -10,6 +10,8 @@ import torch
 import hf_tev
 from hf_tev.packaged import default_drafter
 
+pytestmark = pytest.mark.slow  # the real target (tests/conftest.py `smollm2_folder`)
+
 SMOLLM2 = "HuggingFaceTB/SmolLM2-135M-Instruct"
 
 
