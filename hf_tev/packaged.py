@@ -99,9 +99,18 @@ def is_installed(hub_id: str) -> bool:
     return all(importlib.util.find_spec(module) is not None for module, _ in packaged_model(hub_id).chunks)
 
 
+def is_local_folder(name: str | os.PathLike) -> bool:
+    """Whether `name` is an existing folder: transformers' rule, under which such a folder wins over a Hub id of
+    the same spelling (`./HuggingFaceTB/SmolLM2-135M-Instruct` in the working directory is loaded as a folder)."""
+    return Path(name).is_dir()
+
+
 def resolve(name: str) -> str:
-    """What `from_pretrained` should read for `name`: the converted folder of a packaged model whose package is
-    installed (the same weights on every machine, online or not), else `name` itself (a Hub id or a folder)."""
+    """What `from_pretrained` should read for `name`: `name` itself when it is an existing folder (a local folder
+    always wins, as in transformers), else the converted folder of a packaged model whose package is installed (the
+    same weights on every machine, online or not), else `name` itself (a Hub id)."""
+    if is_local_folder(name):
+        return name
     if name in PACKAGED_MODELS and is_installed(name):
         return str(packaged_model_path(name))
     return name
@@ -109,9 +118,10 @@ def resolve(name: str) -> str:
 
 def default_drafter(hub_id: str) -> Path | None:
     """The folder of the DFlash drafter trained for a packaged target in this checkout (`examples/`), or None where
-    there is none (no drafter trained for it, or an installed wheel without the examples)."""
+    there is none (no drafter trained for it, an installed wheel without the examples, or a local folder spelled
+    like the Hub id, which `resolve` loads instead of the packaged model)."""
     model = PACKAGED_MODELS.get(hub_id)
-    if model is None or model.drafter is None:
+    if model is None or is_local_folder(hub_id) or model.drafter is None:
         return None
     folder = Path(__file__).resolve().parent.parent / "examples" / model.drafter
     return folder if (folder / "model.safetensors").is_file() else None
