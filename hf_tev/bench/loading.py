@@ -185,6 +185,22 @@ def load_models(config: BenchConfig) -> BenchModels:
     return BenchModels(target, tokenizer, drafters, assistant, config.prompt_lookup_num_tokens)
 
 
+def weights_of(models: BenchModels) -> dict:
+    """Which weights the run loaded, for the document's `weights`: per model, the folder it was read from (resolved
+    to an absolute path; a Hub id as it was given) and `target_fingerprint` of the loaded parameters."""
+    from ..training.features import target_fingerprint
+
+    def record(model) -> dict:
+        source = str(getattr(model, "name_or_path", "") or "")
+        path = str(Path(source).resolve()) if source and Path(source).is_dir() else source
+        return {"path": path, "fingerprint": target_fingerprint(model)}
+
+    return {
+        "target": record(models.target),
+        "drafters": {name: record(drafter) for name, drafter in models.drafters.items()},
+    }
+
+
 def _load_drafter(name, config, dtype, device):
     if config.target is None and name in KIT_DRAFTERS:
         return load_kit_model(name, dtype, device)

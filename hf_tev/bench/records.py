@@ -134,11 +134,14 @@ def check_load(notes: list[str]) -> None:
         )
 
 
-def bench_document(schema: str, config, generation: dict, machine: dict, notes: list[str], records) -> dict:
-    """The JSON document: `settings` are the fields of `config` and the `generate` settings per temperature."""
+def bench_document(
+    schema: str, config, generation: dict, machine: dict, notes: list[str], records, weights: dict | None = None
+) -> dict:
+    """The JSON document: `settings` are the fields of `config` and the `generate` settings per temperature;
+    `weights` which weights ran (`loading.weights_of`: each model's resolved folder and fingerprint)."""
     settings = {f.name: getattr(config, f.name) for f in fields(config)}
     settings["generation"] = generation
-    return dict(schema=schema, settings=settings, machine=machine, warnings=notes, records=records)
+    return dict(schema=schema, settings=settings, machine=machine, weights=weights, warnings=notes, records=records)
 
 
 # --------------------------------------------------------------------------------------------------------

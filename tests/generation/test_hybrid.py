@@ -412,3 +412,28 @@ def test_multimodal_rope_positions_of_a_text_prompt_become_its_text_positions():
     image[1:, 0, 2:] = 2  # an image's grid positions on the rope axes
     with pytest.raises(ValueError, match="multimodal rope positions .* text prompts"):
         text_position_ids({"position_ids": image})
+
+
+@pytest.mark.parametrize("family", ["qwen3_5_text", "qwen3_next"])
+def test_the_patch_free_callable_takes_drafter_where_transformers_refuses_assistant_model(family):
+    """Without the route (transformers' own `custom_generate` hook), transformers refuses `assistant_model=` on a
+    stateful (hybrid) target before the decoder runs; `drafter=` decodes, and docs/usage.md says to pass it."""
+    from pathlib import Path
+
+    import hf_tev
+    from hf_tev.generation import tree_speculative_decode
+
+    target = make_hybrid_target(family)
+    drafter, prompt = make_drafter(target), long_prompt(96)
+    expected = target.generate(prompt, do_sample=False, max_new_tokens=8)
+    kwargs = dict(do_sample=False, max_new_tokens=8, custom_generate=tree_speculative_decode)
+    hf_tev.disable()
+    try:
+        with pytest.raises(ValueError, match="assisted generation is not supported with stateful models"):
+            target.generate(prompt, assistant_model=drafter, **kwargs)
+        assert target.generate(prompt, drafter=drafter, **kwargs).tolist() == expected.tolist()
+    finally:
+        hf_tev.enable()
+    assert target.generate(prompt, assistant_model=drafter, **kwargs).tolist() == expected.tolist()  # the route
+    usage = " ".join((Path(__file__).resolve().parents[2] / "docs" / "usage.md").read_text().split())
+    assert "On a hybrid target (Qwen3.5, Qwen3.5-MoE, Qwen3-Next" in usage and "pass the drafter as `drafter=`" in usage

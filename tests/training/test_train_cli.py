@@ -228,3 +228,23 @@ def test_the_kit_script_widens_and_trains_through_the_command(tmp_path):
     assert log["rows"] == 2 and log["command"].startswith("hf-tev train --target") and log["seconds"] > 0
     assert not (out / "training_args.bin").exists()
     assert "tiny-code-target (examples/tiny_kit/target)" in (out / "README.md").read_text()
+
+
+def test_a_second_run_into_a_held_output_dir_is_refused_before_any_model_loads(tmp_path, monkeypatch, capsys):
+    """One run at a time owns an output folder (and its `_data/train.jsonl`): a run finding the folder's lock taken
+    stops at once, naming the folder, and appends nothing to the rows file of the run that holds it."""
+    from filelock import FileLock
+
+    monkeypatch.setattr(cli, "load_models", lambda *a, **k: pytest.fail("a model was loaded"))
+    out = tmp_path / "drafter"
+    out.mkdir()
+    flags = ["--target", str(kit_path("target")), "--prompts", str(KIT_PROMPTS), "--output_dir", str(out)]
+    with FileLock(str(out / "_hf_tev_train.lock"), timeout=0):  # the other run
+        with pytest.raises(SystemExit) as exit_info:
+            cli.main([*flags, "--use_cpu", "--report_to", "none"])
+        error = capsys.readouterr().err.strip()
+        assert exit_info.value.code == 2 and error.count("\n") == 0
+        assert f"--output_dir {out}: another hf-tev train run holds this folder" in error
+        with pytest.raises(ValueError, match="another hf-tev train run holds"):  # run() too, for Python callers
+            cli.run(*cli.parse_args([*flags, "--use_cpu", "--report_to", "none"]))
+    assert not (out / "_data").exists()
