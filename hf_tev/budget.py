@@ -36,7 +36,6 @@ import bisect
 import math
 import threading
 from dataclasses import dataclass, field
-from typing import ClassVar
 
 PROBE_START = 2  # declined cycles in a row before the first probe (`CostAwareBudget._probe_due`)
 # Bucket edges of log Q (natural log), high to low; bucket b holds log Q in (EDGES[b + 1], EDGES[b]].
@@ -128,12 +127,6 @@ class CycleCost:
     stale_factor: float = 1.5
     stale_after: int = 16
     passes_since_probe: int = 0
-    # A stale probe is taken again only once the cycles measured since it cost PROBE_PAYBACK times what it took, so
-    # that probing stays a small share of the time (1 / PROBE_PAYBACK) however often the machine's load moves: a
-    # probe under load can take seconds, and a call must not pay them again because the load changed.
-    PROBE_PAYBACK: ClassVar[float] = 50.0
-    probe_seconds: float = 0.0  # what the last probe took, all its passes
-    seconds_since_probe: float = 0.0  # the measured cycles since (tree passes and the rest)
     _rest_moments: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0, 0.0, 0.0])  # w, n, n^2, t, n t
 
     @property
@@ -151,14 +144,12 @@ class CycleCost:
             return True
         scale = self.tree_scale or 1.0
         drifted = not 1 / self.stale_factor <= scale <= self.stale_factor
-        repaid = self.seconds_since_probe >= self.PROBE_PAYBACK * self.probe_seconds
-        return drifted and self.passes_since_probe >= self.stale_after and repaid
+        return drifted and self.passes_since_probe >= self.stale_after
 
-    def set_probe(self, sizes: list[int], seconds: list[float], spent: float | None = None) -> None:
+    def set_probe(self, sizes: list[int], seconds: list[float]) -> None:
         """Tree-pass times at a few token counts (ascending sizes); made non-decreasing (a larger pass never
-        costs less: what says otherwise is timing noise). `spent`: what the probe took in all (default: the sum)."""
+        costs less: what says otherwise is timing noise)."""
         self.probe_sizes, self.tree_scale, self.passes_since_probe = list(sizes), 1.0, 0
-        self.probe_seconds, self.seconds_since_probe = sum(seconds) if spent is None else spent, 0.0
         self.probe_times = isotonic(list(seconds), [1.0] * len(seconds))
 
     def summary(self) -> dict:
@@ -209,7 +200,6 @@ class CycleCost:
         """One cycle's measured tree pass and the rest of the cycle."""
         a = self.smoothing
         self.passes_since_probe += 1
-        self.seconds_since_probe += tree_s + rest_s
         ratio = tree_s / self.tree_shape(nodes + 1)
         self.tree_scale = ratio if self.tree_scale is None else (1 - a) * self.tree_scale + a * ratio
         moments = self._rest_moments

@@ -231,9 +231,9 @@ def first_roots(input_ids, raw, positions, processors, stopping_criteria, genera
 
 def probe_once(budget, model, cache, inputs, rows: list[Row], hidden_indices, max_ratio: float) -> None:
     """The automatic budget's tree-pass cost curve, measured on the first call for these models and settings (up
-    to the size no tree can repay, `auto.probe_ratio`), and again at the start of a call once it is stale and repaid
-    (`CycleCost.needs_probe`), never while the budget has paused the drafter (no tree is priced then)."""
-    if rows and budget.cost.needs_probe and not (budget.cost.probed and budget.paused):
+    to the size no tree can repay, `auto.probe_ratio`), and again at the start of a call once it is stale
+    (`CycleCost.needs_probe`)."""
+    if rows and budget.cost.needs_probe:
         if not budget.cost.probed:
             logger.warning_once(
                 "The automatic budget measures the target's tree-pass costs once for these models and settings"
