@@ -219,6 +219,7 @@ def plain_rows(dataset):
 
 # Beside the rows file `NAME.jsonl` of `generate_training_data(..., output_path=...)`: how they were generated.
 SETTINGS_SUFFIX = ".settings.json"
+PARTIAL_SUFFIX = ".partial"  # a rows file being written: `RowsFile`
 
 
 @torch.no_grad()
@@ -244,12 +245,14 @@ def generate_training_data(
         max_new_tokens: response length limit.
         batch_size: prompts per `generate` call.
         show_progress: a tqdm progress bar over prompts, with the response tokens written per second.
-        output_path: a `.jsonl` file the rows are appended to as they are generated (one JSON row per line,
-            flushed after every batch), with the generation settings beside it in `<name>.settings.json` (the
-            target's name and fingerprint, `max_new_tokens`, the sampling settings in effect, versions,
-            `metadata`). A run that stopped keeps what it wrote; a rerun with the same target and settings
-            resumes after the last complete row (its prompts must be the same, in the same order: checked),
-            and one with other settings is refused.
+        output_path: the `.jsonl` file of the rows (one JSON row per line), with the generation settings beside
+            it in `<name>.settings.json` (the target's name and fingerprint, `max_new_tokens`, the sampling
+            settings in effect, versions, `metadata`). The rows go to `<output_path>.partial` as they are
+            generated (flushed after every batch), which becomes `output_path` by a rename once every prompt is
+            answered: the file is only ever there whole. A run that stopped keeps what it wrote; a rerun with the
+            same target and settings resumes after the last complete row (its prompts must be the same, in the
+            same order: checked), and one with other settings is refused. A finished file is read back, never
+            written again. One process writes a rows file at a time: a second one is refused, naming the file.
         metadata: recorded in the settings file (e.g. where the prompts come from); not compared on resume.
         **generate_kwargs: passed to `target.generate` (e.g. `do_sample=True, temperature=0.7`); the
             target's generation config applies otherwise.
@@ -266,15 +269,18 @@ def generate_training_data(
     encoded = [encode_prompt(prompt, tokenizer, apply_chat_template) for prompt in prompts]
     pad_id = pad_token_id_of(target, tokenizer)
     eos_ids = eos_token_ids(target, tokenizer, generate_kwargs.get("eos_token_id"))
-    rows, out = [], None
-    if output_path is not None:
+    rows, out = [], RowsFile(output_path) if output_path is not None else None
+    if out is not None:
+        out.lock()
         settings = generation_settings(target, max_new_tokens, apply_chat_template, eos_ids, generate_kwargs)
-        rows = _resume_rows(Path(output_path), settings, encoded)
+        rows = out.resume(settings, encoded)
+        if len(rows) == len(encoded):
+            out.close()
+            return rows  # finished: read back, not written again
         _write_json(
             settings_file(output_path),
             {**settings, "batch_size": batch_size, "num_prompts": len(encoded), "metadata": dict(metadata or {})},
         )
-        out = open(output_path, "a", encoding="utf-8")  # noqa: SIM115 (closed in the finally below)
     progress = tqdm(
         total=len(encoded), initial=len(rows), desc="target-written responses", unit="prompt", disable=not show_progress
     )
@@ -284,13 +290,13 @@ def generate_training_data(
             batch = encoded[start : start + batch_size]
             written = _answer_batch(target, batch, pad_id, eos_ids, max_new_tokens, generate_kwargs)
             if out is not None:
-                out.write("".join(json.dumps(row) + "\n" for row in written))
-                out.flush()
-                os.fsync(out.fileno())
+                out.append(written)
             rows += written
             new_tokens += sum(len(row[INPUT_IDS]) - row[PROMPT_LENGTH] for row in written)
             progress.update(len(batch))
             progress.set_postfix_str(f"{new_tokens / max(time.perf_counter() - started, 1e-9):.1f} tok/s")
+        if out is not None:
+            out.finish()
     finally:
         progress.close()
         if out is not None:
@@ -366,40 +372,101 @@ def generation_settings(target, max_new_tokens: int, apply_chat_template: bool, 
     )
 
 
-def _resume_rows(path: Path, settings: dict, encoded: list[list[int]]) -> list[dict[str, Any]]:
-    """The complete rows already in `path` (a partial last line is cut off), checked against this run."""
-    if not path.is_file() or path.stat().st_size == 0:
+class RowsFile:
+    """The rows file of `generate_training_data`: rows are appended to `<path>.partial` as they are generated, and
+    the partial file becomes `path` by a rename once every prompt is answered, so `path` only ever holds a whole
+    run. A lock (`<path>.lock`, held from `lock` to `close`) keeps a second process from writing the same rows."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        self.partial = self.path.with_name(self.path.name + PARTIAL_SUFFIX)
+        self._lock, self._file = None, None
+
+    def lock(self) -> None:
+        from filelock import FileLock, Timeout
+
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._lock = FileLock(str(self.path) + ".lock", timeout=0)
+        try:
+            self._lock.acquire()
+        except Timeout:
+            self._lock = None
+            raise RuntimeError(
+                f"{self.path} is being written by another process (its lock {self.path}.lock is held); wait for it "
+                "to finish, or give this run another output path"
+            ) from None
+
+    def resume(self, settings: dict, encoded: list[list[int]]) -> list[dict[str, Any]]:
+        """The complete rows already written (a partial last line is cut off), checked against this run. A
+        finished file with fewer rows than this run's prompts (more prompts were added) goes back to being the
+        partial file, which the new rows extend."""
+        if self.path.is_file() and self.path.stat().st_size > 0:
+            rows = self._read(self.path, settings, encoded)
+            if len(rows) < len(encoded):
+                os.replace(self.path, self.partial)
+            return rows
+        if self.partial.is_file() and self.partial.stat().st_size > 0:
+            rows = self._read(self.partial, settings, encoded)
+            if len(rows) == len(encoded):  # stopped between its last row and the rename
+                os.replace(self.partial, self.path)
+            return rows
+        self.partial.unlink(missing_ok=True)
         return []  # a fresh start: the settings file is written anew
-    recorded_path = settings_file(path)
-    recorded = json.loads(recorded_path.read_text()) if recorded_path.is_file() else None
-    if recorded is None:
-        raise ValueError(f"{path} holds rows but no {recorded_path.name}: it was not written by this function")
-    compared = [key for key in settings if key not in ("versions", "target")]
-    different = [
-        f"{key}: file {recorded.get(key)!r}, now {settings[key]!r}"
-        for key in compared
-        if recorded.get(key) != settings[key]
-    ]
-    if different:
-        raise ValueError(
-            f"{path} was generated with other settings ({'; '.join(different)}); use another output_path or "
-            "delete it to start over"
-        )
-    data = path.read_bytes()
-    complete = data[: data.rfind(b"\n") + 1]
-    if len(complete) < len(data):  # a run stopped in the middle of a row
-        with open(path, "r+b") as f:
-            f.truncate(len(complete))
-    rows = [json.loads(line) for line in complete.decode("utf-8").splitlines() if line.strip()]
-    if len(rows) > len(encoded):
-        raise ValueError(f"{path} holds {len(rows)} rows, more than the {len(encoded)} prompts of this run")
-    for index, (row, prompt) in enumerate(zip(rows, encoded, strict=False)):
-        if row[INPUT_IDS][: row[PROMPT_LENGTH]] != prompt:
+
+    def _read(self, file: Path, settings: dict, encoded: list[list[int]]) -> list[dict[str, Any]]:
+        recorded_path = settings_file(self.path)
+        recorded = json.loads(recorded_path.read_text()) if recorded_path.is_file() else None
+        if recorded is None:
+            raise ValueError(f"{file} holds rows but no {recorded_path.name}: it was not written by this function")
+        compared = [key for key in settings if key not in ("versions", "target")]
+        different = [
+            f"{key}: file {recorded.get(key)!r}, now {settings[key]!r}"
+            for key in compared
+            if recorded.get(key) != settings[key]
+        ]
+        if different:
             raise ValueError(
-                f"{path} row {index} was generated for another prompt than prompt {index} of this run; pass the "
-                "same prompts in the same order to resume, or another output_path"
+                f"{file} was generated with other settings ({'; '.join(different)}); use another output_path or "
+                "delete it to start over"
             )
-    return rows
+        data = file.read_bytes()
+        complete = data[: data.rfind(b"\n") + 1]
+        if len(complete) < len(data):  # a run stopped in the middle of a row
+            with open(file, "r+b") as f:
+                f.truncate(len(complete))
+        rows = [json.loads(line) for line in complete.decode("utf-8").splitlines() if line.strip()]
+        if len(rows) > len(encoded):
+            raise ValueError(f"{file} holds {len(rows)} rows, more than the {len(encoded)} prompts of this run")
+        for index, (row, prompt) in enumerate(zip(rows, encoded, strict=False)):
+            if row[INPUT_IDS][: row[PROMPT_LENGTH]] != prompt:
+                raise ValueError(
+                    f"{file} row {index} was generated for another prompt than prompt {index} of this run; pass the "
+                    "same prompts in the same order to resume, or another output_path"
+                )
+        return rows
+
+    def append(self, rows: list[dict[str, Any]]) -> None:
+        """Rows added to the partial file, on disk before this returns (a crash loses at most the next batch)."""
+        if self._file is None:
+            self._file = open(self.partial, "a", encoding="utf-8")  # noqa: SIM115 (closed by `close`)
+        self._file.write("".join(json.dumps(row) + "\n" for row in rows))
+        self._file.flush()
+        os.fsync(self._file.fileno())
+
+    def finish(self) -> None:
+        """Every prompt answered: the partial file becomes the rows file."""
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+        os.replace(self.partial, self.path)
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
 
 
 def _write_json(path: Path, value) -> None:

@@ -188,15 +188,17 @@ def test_rows_are_written_as_they_come_and_a_rerun_resumes(target, tmp_path, mon
     monkeypatch.setattr(target, "generate", dying_generate)
     with pytest.raises(RuntimeError, match="power cut"):
         generate_training_data(target, PROMPTS, output_path=out, metadata={"prompts": "test"}, **settings)
-    written = [json.loads(line) for line in out.read_text().splitlines()]
+    partial = out.with_name("train.jsonl.partial")
+    assert not out.exists()  # the rows file appears only whole
+    written = [json.loads(line) for line in partial.read_text().splitlines()]
     assert written == whole[:4]
-    with open(out, "a") as f:
+    with open(partial, "a") as f:
         f.write('{"input_ids": [5, 17')  # and it stopped in the middle of a line
 
     calls.clear()
     resumed = generate_training_data(target, PROMPTS, output_path=out, **settings)
     assert resumed == whole and calls == [1]  # only the last prompt was generated again
-    assert [json.loads(line) for line in out.read_text().splitlines()] == whole
+    assert [json.loads(line) for line in out.read_text().splitlines()] == whole and not partial.exists()
     recorded = json.loads(settings_file(out).read_text())
     assert settings_file(out).name == "train.settings.json"
     assert recorded["max_new_tokens"] == 5 and recorded["sampling"]["do_sample"] is False
@@ -209,6 +211,42 @@ def test_rows_are_written_as_they_come_and_a_rerun_resumes(target, tmp_path, mon
         generate_training_data(target, PROMPTS, output_path=out, **{**settings, "max_new_tokens": 6})
     with pytest.raises(ValueError, match="row 1 was generated for another prompt than prompt 1"):
         generate_training_data(target, [PROMPTS[0], [1, 2], *PROMPTS[2:]], output_path=out, **settings)
+
+
+def test_a_finished_rows_file_is_never_written_again_and_one_writer_at_a_time(target, tmp_path, monkeypatch):
+    settings = dict(max_new_tokens=4, batch_size=2, show_progress=False, do_sample=False)
+    out = tmp_path / "train.jsonl"
+    first = generate_training_data(target, PROMPTS[:3], output_path=out, **settings)
+    finished = out.read_bytes()
+    assert generate_training_data(target, PROMPTS[:3], output_path=out, **settings) == first
+    assert out.read_bytes() == finished  # read back, not appended to
+
+    # More prompts extend the finished rows; the file is replaced whole, never appended in place.
+    extended = generate_training_data(target, PROMPTS, output_path=out, **settings)
+    assert extended[:3] == first and len(extended) == len(PROMPTS)
+    assert out.read_bytes().startswith(finished) and not out.with_name("train.jsonl.partial").exists()
+
+    # A second writer of the same rows file is refused by name while the first holds it.
+    from filelock import FileLock
+
+    held = pytest.raises(RuntimeError, match=r"train\.jsonl is being written by another process")
+    with FileLock(str(out) + ".lock"), held:
+        generate_training_data(target, PROMPTS, output_path=out, **settings)
+
+
+def test_a_run_stopped_after_its_last_row_is_finished_by_the_rerun(target, tmp_path):
+    settings = dict(max_new_tokens=4, batch_size=2, show_progress=False, do_sample=False)
+    out = tmp_path / "train.jsonl"
+    rows = generate_training_data(target, PROMPTS[:2], output_path=out, **settings)
+    out.rename(out.with_name("train.jsonl.partial"))  # as if it stopped before the rename
+    calls = []
+    real_generate = target.generate
+    target.generate = lambda *a, **k: calls.append(1) or real_generate(*a, **k)
+    try:
+        assert generate_training_data(target, PROMPTS[:2], output_path=out, **settings) == rows
+    finally:
+        del target.generate
+    assert calls == [] and out.is_file() and not out.with_name("train.jsonl.partial").exists()
 
 
 def test_progress_bar_shows_tokens_per_second(target, capsys):
