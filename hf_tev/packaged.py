@@ -48,7 +48,7 @@ class PackagedModel:
     quantization: str
     license: str
     sha256: str | None = None  # the assembled file's digest, where its package publishes one
-    drafter: str | None = None  # the DFlash drafter trained for it, a folder under the checkout's `examples/`
+    drafter: str | None = None  # the DFlash drafter trained for it, a folder of `hf_tev/shipped_drafters/` (wheel data)
     chunk_distributions: tuple[str, ...] = ()  # the pip names of the chunk modules shipped apart from `distribution`
 
     @property
@@ -77,7 +77,8 @@ PACKAGED_MODELS = {
             gguf_name="SmolLM2-135M-Instruct.Q4_1.gguf",
             quantization="Q4_1",
             license="apache-2.0",
-            drafter="smollm2/drafter-dflash",  # Table 2 (examples/smollm2/README.md): level with ExitTrain's, cheaper
+            # Table 2 (research/smollm2_table2/README.md): level with ExitTrain's
+            drafter="SmolLM2-135M-Instruct-DFlash",
         ),
         PackagedModel(
             hub_id="google/gemma-3-270m",
@@ -121,15 +122,24 @@ def resolve(name: str) -> str:
     return name
 
 
+SHIPPED_DRAFTERS = Path(__file__).resolve().parent / "shipped_drafters"  # package data: in the wheel too
+
+
 def default_drafter(hub_id: str) -> Path | None:
-    """The folder of the DFlash drafter trained for a packaged target in this checkout (`examples/`), or None where
-    there is none (no drafter trained for it, an installed wheel without the examples, or a local folder spelled
-    like the Hub id, which `resolve` loads instead of the packaged model)."""
+    """The folder of the DFlash drafter trained for a packaged target, shipped inside the package
+    (`hf_tev/shipped_drafters/`, so a wheel has it too), or None where there is none: no drafter was trained for
+    it, or `hub_id` is a local folder spelled like the Hub id (which `resolve` loads instead of the packaged model,
+    and which the shipped drafter was not trained against)."""
     model = PACKAGED_MODELS.get(hub_id)
     if model is None or is_local_folder(hub_id) or model.drafter is None:
         return None
-    folder = Path(__file__).resolve().parent.parent / "examples" / model.drafter
-    return folder if (folder / "model.safetensors").is_file() else None
+    folder = SHIPPED_DRAFTERS / model.drafter
+    if not (folder / "model.safetensors").is_file():
+        raise FileNotFoundError(
+            f"hf_tev's drafter for {hub_id} is missing from its installation ({folder}): reinstall hf_tev, or pass "
+            "a drafter folder or Hub id yourself"
+        )
+    return folder
 
 
 def default_cache_dir() -> Path:

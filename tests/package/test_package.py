@@ -92,7 +92,7 @@ def test_the_distribution_files_agree_with_pyproject():
 
 
 @pytest.mark.wheel
-def test_card_renders_from_the_installed_wheel(wheel, tmp_path):
+def test_card_renders_and_the_shipped_drafter_loads_from_the_installed_wheel(wheel, tmp_path):
     target = tmp_path / "site"
     result = subprocess.run(
         [
@@ -119,7 +119,13 @@ def test_card_renders_from_the_installed_wheel(wheel, tmp_path):
         card = hub.render_model_card(target_model_id="org/target", objective="exit", block_size=4,
                                      target_layer_ids=[1, 2], repo_id="me/drafter", measured_tau={32: 2.5})
         card.save("README.md")
-        print(json.dumps({"hub": hub.__file__, "template": len(hub.load_template())}))
+        from hf_tev import DFlashDraftModel
+        from hf_tev.packaged import default_drafter
+
+        drafter = default_drafter("HuggingFaceTB/SmolLM2-135M-Instruct")  # shipped inside the package
+        layers = DFlashDraftModel.from_pretrained(drafter).config.num_hidden_layers
+        print(json.dumps({"hub": hub.__file__, "template": len(hub.load_template()), "drafter": str(drafter),
+                          "layers": layers}))
     """)
     work = tmp_path / "elsewhere"  # not the checkout: nothing can be read from the repository
     work.mkdir()
@@ -131,6 +137,7 @@ def test_card_renders_from_the_installed_wheel(wheel, tmp_path):
     report = json.loads(result.stdout.strip().splitlines()[-1])
     assert Path(report["hub"]).is_relative_to(target), report  # the installed copy, not the checkout
     assert report["template"] > 0
+    assert Path(report["drafter"]).is_relative_to(target) and report["layers"] >= 1  # the wheel's own drafter
     card = ModelCard.load(work / "README.md")
     assert card.data.base_model == "org/target" and card.data.library_name == "hf_tev"
     assert 'DFlashDraftModel.from_pretrained("me/drafter")' in card.text and "| budget 32 |" in card.text

@@ -1,6 +1,6 @@
-"""The DFlash drafter trained for SmolLM2-135M-Instruct (examples/smollm2), as it ships: the real target's default
-in the quickstart and the bench. It must be there, load from safetensors alone, and decode exactly with
-`TEVConfig()` while its trees are accepted past the root."""
+"""The DFlash drafter trained for SmolLM2-135M-Instruct (research/smollm2_table2), as it ships (package data): the
+real target's default in the quickstart and the bench. It must be there, load from safetensors alone, and decode
+exactly with `TEVConfig()` while its trees are accepted past the root."""
 
 import json
 
@@ -18,7 +18,7 @@ SMOLLM2 = "HuggingFaceTB/SmolLM2-135M-Instruct"
 @pytest.fixture(scope="module")
 def trained_drafter():
     folder = default_drafter(SMOLLM2)
-    assert folder is not None, "examples/smollm2/drafter-dflash must ship with the checkout"
+    assert folder is not None, "hf_tev/shipped_drafters/SmolLM2-135M-Instruct-DFlash must ship with the checkout"
     return folder, hf_tev.DFlashDraftModel.from_pretrained(folder).eval()
 
 

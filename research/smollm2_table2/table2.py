@@ -1,6 +1,6 @@
 """The paper's Table 2 on SmolLM2-135M-Instruct: tau of the ExitTrain drafter against the standard one, TEV.
 
-    python examples/smollm2/table2.py --prompts 16 --max-new-tokens 64 --threads 2    # after train_drafters.py
+    python research/smollm2_table2/table2.py --prompts 16 --max-new-tokens 64 --threads 2    # after train_drafters.py
 
 Prompts: the first `--prompts` of each benchmark set (MT-Bench, HumanEval, GSM8K, MATH-500; test splits, never a
 training prompt: hf_tev/bench/prompts/SOURCES.md), chat-templated. Every drafter decodes every prompt at every
@@ -31,11 +31,22 @@ from hf_tev.packaged import packaged_model_path
 
 HERE = Path(__file__).resolve().parent
 TARGET = "HuggingFaceTB/SmolLM2-135M-Instruct"
+# Where each stage's final drafter ships (`write_cards.py` copies it there from `runs/<stage>/`, which stays local).
+SHIPPED = {
+    "exit": HERE / "drafter-exittrain",
+    "dflash": HERE.parents[1] / "hf_tev" / "shipped_drafters" / "SmolLM2-135M-Instruct-DFlash",
+}
+
+
+def drafter_folder(runs: Path, stage: str) -> Path:
+    """A stage's own run where this machine trained it, else the drafter shipped from it."""
+    run = runs / stage
+    return run if (run / "model.safetensors").is_file() else SHIPPED[stage]
 
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--drafters", default="dflash,exit", help="folders under --runs (standard first)")
+    parser.add_argument("--drafters", default="dflash,exit", help="stages, standard first")
     parser.add_argument("--runs", default=str(HERE / "runs"))
     parser.add_argument("--budgets", default="64,16", help="measured in this order")
     parser.add_argument("--temperatures", default="0,1")
@@ -111,7 +122,7 @@ def main(argv=None):
     path = packaged_model_path(TARGET)
     target = AutoModelForCausalLM.from_pretrained(path, attn_implementation="sdpa").eval()
     tokenizer = AutoTokenizer.from_pretrained(path)
-    drafters = {n: hf_tev.DFlashDraftModel.from_pretrained(Path(args.runs) / n).eval() for n in names}
+    drafters = {n: hf_tev.DFlashDraftModel.from_pretrained(drafter_folder(Path(args.runs), n)).eval() for n in names}
     budgets = [int(b) for b in args.budgets.split(",")]
     temperatures = [float(t) for t in args.temperatures.split(",")]
     prompts = chat_prompts(tokenizer, args.prompts)

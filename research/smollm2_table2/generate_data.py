@@ -1,6 +1,6 @@
 """Training rows for SmolLM2-135M-Instruct's drafters, written by the target itself (greedy, chat-templated).
 
-    python examples/smollm2/generate_data.py --threads 2
+    python research/smollm2_table2/generate_data.py --threads 2
 
 reads `prompts/train.jsonl` (train splits and sets no benchmark uses; sources in hf_tev/bench/prompts/SOURCES.md)
 and appends rows to `data/train.jsonl` as they are generated, with the settings beside it; a rerun resumes after
@@ -47,7 +47,7 @@ def main() -> None:
         batch_size=args.batch_size,
         apply_chat_template=True,
         output_path=args.output,
-        metadata={"prompts": "examples/smollm2/prompts/train.jsonl", "target": TARGET},
+        metadata={"prompts": "research/smollm2_table2/prompts/train.jsonl", "target": TARGET},
         do_sample=False,
     )
 
