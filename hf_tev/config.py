@@ -267,6 +267,9 @@ class TEVStats:
     forward_times: list[float] = field(default_factory=list)
     verify_times: list[float] = field(default_factory=list)
     prefill_time: float = 0.0
+    # budget="auto": seconds of the tree-pass cost probe this call took (part of `prefill_time`; 0 when the models'
+    # cost model was already measured)
+    probe_time: float = 0.0
     # budget="auto": the block length predicted for each cycle's tree (A_cal; 1.0 when no tree was drafted)
     # and the cost model at the end of the call (milliseconds).
     predicted_lengths: list[float] = field(default_factory=list)
@@ -325,6 +328,7 @@ class TEVStats:
             "forward_s": mean(self.forward_times),
             "verify_s": mean(self.verify_times),
             "prefill_s": self.prefill_time,
+            "probe_s": self.probe_time,
             "predicted_tau": mean(self.predicted_lengths) if self.predicted_lengths else None,
         }
 

@@ -58,6 +58,10 @@ RECORD_FIELDS = (
     "time_s",
     "ar_time_s",
     "speedup",
+    "total_time_s",
+    "ar_total_time_s",
+    "speedup_total",
+    "probe_s",
     "tokens_per_s",
     "greedy_exact",
     "tokens_sha1",
@@ -172,6 +176,33 @@ def median_seconds(runs_per_unit) -> float:
     return sum(statistics.median(run.seconds for run in runs) for runs in runs_per_unit)
 
 
+def probe_seconds(run) -> float:
+    """The automatic budget's cost probe inside one run (0 for other methods, and where none was due)."""
+    stats = run.stats[0] if isinstance(run.stats, list) else run.stats  # a batch's rows share one probe
+    return getattr(stats, "probe_time", 0.0) or 0.0
+
+
+def total_fields(runs_per_unit, ar_runs) -> dict:
+    """Every run's wall time summed (no median: a slow run, such as one that probed costs, counts in full) beside
+    the reference's, and the cost probes' part of it."""
+    total = sum(run.seconds for runs in runs_per_unit for run in runs)
+    ar_total = sum(run.seconds for runs in ar_runs for run in runs)
+    probe = sum(probe_seconds(run) for runs in runs_per_unit for run in runs)
+    return dict(total_time_s=total, ar_total_time_s=ar_total, speedup_total=ar_total / total, probe_s=probe)
+
+
+def book_warm_up_probes(records: list[dict], plan, warm_up_probe_s: dict) -> None:
+    """Add each job's warm-up cost probe (`runner.warm_up`; a user's first call pays it) to the totals of the
+    job's records in `records`, once: the bench books it to the first temperature and prompt set it measures."""
+    for key, job in plan.items():
+        seconds = warm_up_probe_s.get(job, 0.0)
+        first = next((r for r in records if (r["method"], r["drafter"], r["budget"]) == key), None)
+        if seconds and first is not None and first.get("total_time_s") is not None:
+            first["probe_s"] += seconds
+            first["total_time_s"] += seconds
+            first["speedup_total"] = first["ar_total_time_s"] / first["total_time_s"]
+
+
 def what_was_run(config, key: tuple, temperature: float, set_name: str, **prompts) -> dict:
     """The fields that say what a record measured: method, drafter and budget (`key`), temperature, prompt set,
     how its prompts went through `generate` (`prompts`), tokens per run and repeats."""
@@ -213,6 +244,7 @@ def summarise(job, runs_per_prompt: list[list], ar_runs: list[list]) -> dict:
         time_s=time_s,
         ar_time_s=ar_time_s,
         speedup=ar_time_s / time_s,
+        **total_fields(runs_per_prompt, ar_runs),
         tokens_per_s=new_tokens / time_s,
         tokens_sha1=digest.hexdigest(),
     )

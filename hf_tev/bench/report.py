@@ -125,6 +125,7 @@ def _end_to_end(at_t, sets, temperature, budget) -> list[str]:
         rate = with_spread(mean(r["tokens_per_s"] for r in mine), mine, "tokens_per_s", ".0f")
         speeds.append(f"{record_label(mine[0])} {rate}")
     out += ["", "tokens/s (mean over prompt sets): " + ", ".join(speeds)]
+    out += _totals_line([_rows_of(at_t, key) for key in keys])
     if temperature == 0:
         bad = sorted({record_label(r) for r in at_t if r.get("greedy_exact") is False})
         out.append(
@@ -133,6 +134,23 @@ def _end_to_end(at_t, sets, temperature, budget) -> list[str]:
             else f"Greedy output equals {REFERENCE_METHOD}'s for every method."
         )
     return out
+
+
+def _totals_line(records_by_key: list[list[dict]]) -> list[str]:
+    """SR from sums beside SR from medians, over every prompt set: the sums count every run in full (a run that
+    was slow for any reason, such as the automatic budget's cost probe, is not hidden), probes included."""
+    cells = []
+    for mine in records_by_key:
+        if mine[0]["method"] == REFERENCE_METHOD or any(r.get("total_time_s") is None for r in mine):
+            continue
+        by_sums = sum(r["ar_total_time_s"] for r in mine) / sum(r["total_time_s"] for r in mine)
+        by_medians = sum(r["ar_time_s"] for r in mine) / sum(r["time_s"] for r in mine)
+        probes = sum(r["probe_s"] for r in mine)
+        cells.append(f"{record_label(mine[0])} {by_sums:.3f} (medians {by_medians:.3f}; probes {probes:.1f} s)")
+    if not cells:
+        return []
+    return ["", "SR over every set from total times, every run of every prompt and repeat summed, the automatic "
+            "budget's cost probes included (beside it, the same from medians): " + ", ".join(cells)]  # fmt: skip
 
 
 def _auto_budget_table(at_t, auto_keys) -> list[str]:

@@ -22,7 +22,16 @@ from .config import BenchConfig, config_sampling, generate_kwargs_by_temperature
 from .loading import BenchModels, check_sources, load_models, load_prompt_texts, tokenize_prompts, weights_of
 from .measure import ForwardProbe, Job, capture_logits_processor, run_batch, run_once
 from .methods import METHODS, REFERENCE_METHOD, REFERENCE_VERIFIER
-from .records import batch_records, bench_document, check_load, load_average, machine_info, make_records
+from .records import (
+    batch_records,
+    bench_document,
+    book_warm_up_probes,
+    check_load,
+    load_average,
+    machine_info,
+    make_records,
+    probe_seconds,
+)
 from .replay import same_tree_verifier_stage
 from .report import BATCH_SCHEMA, SCHEMA
 
@@ -118,16 +127,19 @@ def open_session(config: BenchConfig, models: BenchModels, prompt_sets: dict[str
     return Session(config, models, plan, replays, notes, progress, probe)
 
 
-def warm_up(session: Session, first_set: list) -> None:
+def warm_up(session: Session, first_set: list) -> dict:
     """A short greedy call of every job (at every batch size) before any timed run: first calls allocate and pick
-    kernels, and the automatic budget makes its cost probe (once per batch size)."""
-    config = session.config
+    kernels, and the automatic budget makes its cost probe (once per batch size). Returns job -> seconds of the
+    cost probes it made: a user's first call pays them, so the records' totals do too (`book_warm_up_probes`)."""
+    config, probes = session.config, {}
     for job in session.jobs:
         for size in batch_axis(config):
             prompts = [first_set[i % len(first_set)] for i in range(size or 1)]
             # one prompt per call never warms up past max_new_tokens; the batch bench always used 8 tokens (kept)
             tokens = min(WARM_UP_TOKENS, config.max_new_tokens) if size is None else WARM_UP_TOKENS
-            session.measure(job, prompts, size, tokens, sampling_kwargs(0, False), 0)
+            run = session.measure(job, prompts, size, tokens, sampling_kwargs(0, False), 0)
+            probes[job] = probes.get(job, 0.0) + probe_seconds(run)
+    return probes
 
 
 def run_interleaved(session: Session, prompts: list, units: list[list[int]], size, sampling, label) -> dict:
@@ -221,10 +233,11 @@ def run_bench(config: BenchConfig, models: BenchModels | None = None) -> dict:
     records = []
     try:
         with torch.no_grad():
-            warm_up(session, next(iter(prompt_sets.values())))
+            warm_up_probes = warm_up(session, next(iter(prompt_sets.values())))
             for temperature in config.temperatures:
                 for set_name, prompts in prompt_sets.items():
                     records += measure_prompt_set(session, temperature, set_name, prompts)
+            book_warm_up_probes(records, session.plan, warm_up_probes)
     finally:
         session.close()
     check_load(notes)

@@ -16,6 +16,7 @@ would decode alone (docs/design.md#the-decoding-loop).
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -196,13 +197,14 @@ def start(model, drafter, input_ids, logits_processor, stopping_criteria, genera
         tokens = input_ids[row.index, keep].tolist() if tev_config.lookup else None
         candidates.update_candidate_strategy(i, new, new_positions, tokens)
     inputs = tree_pass_inputs(model, real, rows, cache, generation_config.max_length)
-    budget = None
+    budget, probe_s = None, 0.0
     if tev_config.is_auto:
         budget = automatic_budget(model, drafter, tev_config, generation_config, batch)
-        probe_once(budget, model, cache, inputs, rows, candidates.hidden_indices, probe_ratio(tev_config, drafter))
+        ratio = probe_ratio(tev_config, drafter)
+        probe_s = probe_once(budget, model, cache, inputs, rows, candidates.hidden_indices, ratio)
     prefill_s = clock.lap()
     for row in [*rows, *done.values()]:
-        row.stats.prefill_time = prefill_s
+        row.stats.prefill_time, row.stats.probe_time = prefill_s, probe_s
     verify = VERIFIERS[tev_config.verifier if generation_config.do_sample else "greedy"]
     sizes = TreeSizes(budget, tev_config.lookup, batch)
     return Decoding(
@@ -229,10 +231,11 @@ def first_roots(input_ids, raw, positions, processors, stopping_criteria, genera
     return rows, done
 
 
-def probe_once(budget, model, cache, inputs, rows: list[Row], hidden_indices, max_ratio: float) -> None:
+def probe_once(budget, model, cache, inputs, rows: list[Row], hidden_indices, max_ratio: float) -> float:
     """The automatic budget's tree-pass cost curve, measured on the first call for these models and settings (up
     to the size no tree can repay, `auto.probe_ratio`), and again at the start of a call once it is stale
-    (`CycleCost.needs_probe`)."""
+    (`CycleCost.needs_probe`). Returns the seconds it took (0 when nothing was probed)."""
+    started = time.perf_counter()
     if rows and budget.cost.needs_probe:
         if not budget.cost.probed:
             logger.warning_once(
@@ -243,6 +246,8 @@ def probe_once(budget, model, cache, inputs, rows: list[Row], hidden_indices, ma
         budget.cost.set_probe(
             *probe_tree_costs(model, cache, inputs, roots, first_positions, hidden_indices, max_tokens, max_ratio)
         )
+        return time.perf_counter() - started
+    return 0.0
 
 
 def tree_pass_inputs(model, real: torch.Tensor, rows: list[Row], cache, max_length: int):

@@ -74,6 +74,15 @@ def tiny_run(tmp_path_factory, kit_drafter):
     return out
 
 
+def first_of(records, record):
+    """The first record of `record`'s method, drafter and budget: the one the warm-up's cost probe is booked to."""
+    return next(r for r in records if (r["method"], r["drafter"], r["budget"]) == record_key(record))
+
+
+def record_key(record):
+    return record["method"], record["drafter"], record["budget"]
+
+
 def test_every_method_tiny_run_writes_json_table_and_plot(tiny_run, kit_drafter):
     out = tiny_run
     document = json.loads((out / "bench.json").read_text())
@@ -107,6 +116,7 @@ def test_every_method_tiny_run_writes_json_table_and_plot(tiny_run, kit_drafter)
         + [(m, None if m == "lookup_tree" else kit_drafter, b) for m in HF_TEV_METHODS for b in (0, 4, "auto")]
     }
     assert keys == expected and len(records) == len(expected)
+    warm_up_probes = []  # booked to the first record of each automatic budget's job
     for r in records:
         assert tuple(r) == RECORD_FIELDS
         for name in ("tau", "tau_counted", "time_s", "ar_time_s", "speedup", "tokens_per_s", "tokens_sha1"):
@@ -114,6 +124,15 @@ def test_every_method_tiny_run_writes_json_table_and_plot(tiny_run, kit_drafter)
         assert r["new_tokens"] == 12 and r["prompts"] == 1  # exactly max_new_tokens: EOS is not a stop here
         assert r["greedy_exact"] is (True if r["temperature"] == 0 else None), r
         assert r["speedup"] == pytest.approx(r["ar_time_s"] / r["time_s"])
+        # one prompt, one repeat: the total is the run itself, plus the warm-up's cost probe where it is booked (the
+        # first record of an automatic budget); a probe inside a run is in its time already
+        booked = r["total_time_s"] - r["time_s"]
+        assert -1e-9 <= booked <= r["probe_s"] + 1e-9, r
+        assert r["speedup_total"] == pytest.approx(r["ar_total_time_s"] / r["total_time_s"])
+        if r["budget"] == "auto" and r is first_of(records, r):
+            warm_up_probes.append(booked)
+        if r["budget"] != "auto":
+            assert r["probe_s"] == 0 and booked == pytest.approx(0, abs=1e-9), r
         if r["method"] == "ar":
             assert r["tau"] == 1 and r["speedup"] == 1 and r["target_forwards"] == 12
         if r["method"] in HF_TEV_METHODS:
@@ -147,8 +166,13 @@ def test_every_method_tiny_run_writes_json_table_and_plot(tiny_run, kit_drafter)
         assert per_prompt["speedup"] == [pytest.approx(r["speedup"])] and per_prompt["tau"] == [pytest.approx(r["tau"])]
         assert ("cycle_ms" in per_prompt) == (r["method"] in HF_TEV_METHODS)
         assert ("verifier_stage_ms" in per_prompt) == staged
+    # The target's cost model is shared by every automatic job: the first one's warm-up probed it, and a user's
+    # first call pays that, so the totals do.
+    assert sum(p > 0 for p in warm_up_probes) >= 1
     markdown = (out / "bench.md").read_text()
     for title in (
+        "SR over every set from total times, every run of every prompt and repeat summed, the automatic budget's "
+        "cost probes included",
         "## Speedup and block length per prompt set at B = 4 (and auto), T = 0 (the paper's Table 1)",
         "## Speedup and block length across tree budgets, T = 1 (the paper's Table 5)",
         "## Verifier stage per cycle on the same trees, T = 1 (the paper's Table 3)",
@@ -261,6 +285,7 @@ def test_the_loop_split_leaves_the_automatic_budgets_probe_in_the_prefill_stage(
         probe.remove()
     probe_forwards = run.target_forwards - (run.stats.num_cycles + 1)
     assert probe_forwards > 0  # the probe ran in this call
+    assert 0 < run.stats.probe_time < run.stats.prefill_time  # and its time is recorded, inside the prefill stage
     loop_start = probe.first_forward_start + run.stats.prefill_time
     before_loop = [seconds for end, seconds in probe.calls if end <= loop_start]
     assert len(before_loop) == 1 + probe_forwards  # the prefill and the probe's passes, nothing of the loop
