@@ -107,6 +107,26 @@ class AcceptanceCalibration:
         return isotonic(rates, weights, increasing=False)
 
 
+@dataclass(frozen=True)
+class ProbePlan:
+    """Tree-pass sizes (tokens, ascending) to measure, the largest pass they are to price (`limit`), and whether
+    they extend the last probe (1 first as the anchor, then sizes beyond it) rather than replace it."""
+
+    sizes: list[int]
+    limit: int
+    extend: bool
+
+
+def probe_sizes(first: int, limit: int) -> list[int]:
+    """Pass sizes from `first` to `limit` tokens: the powers of two in between, and `limit` itself where it is more
+    than a quarter beyond the last of them (a curve probed at 1, 2, 4, ... 2^k prices sizes up to 1.25 * 2^k by
+    extending its last segment well enough)."""
+    sizes = [1 << i for i in range(limit.bit_length()) if first <= (1 << i) <= limit]
+    if limit >= first and (not sizes or limit > 1.25 * sizes[-1]):
+        sizes.append(limit)
+    return sizes
+
+
 @dataclass
 class CycleCost:
     """Measured cost of a cycle as a function of the drafted nodes n (seconds).
@@ -127,6 +147,11 @@ class CycleCost:
     stale_factor: float = 1.5
     stale_after: int = 16
     passes_since_probe: int = 0
+    # The largest pass the probe was asked to cover (sizes beyond it are priced by extending its last segment),
+    # and whether it stopped before it because a pass cost too much for any tree to pay (then no larger size is
+    # worth measuring).
+    probe_limit: int = 0
+    probe_stopped: bool = False
     _rest_moments: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0, 0.0, 0.0])  # w, n, n^2, t, n t
 
     @property
@@ -146,11 +171,38 @@ class CycleCost:
         drifted = not 1 / self.stale_factor <= scale <= self.stale_factor
         return drifted and self.passes_since_probe >= self.stale_after
 
-    def set_probe(self, sizes: list[int], seconds: list[float]) -> None:
+    def set_probe(self, sizes: list[int], seconds: list[float], limit: int | None = None, stopped=False) -> None:
         """Tree-pass times at a few token counts (ascending sizes); made non-decreasing (a larger pass never
-        costs less: what says otherwise is timing noise)."""
+        costs less: what says otherwise is timing noise). `limit`: the largest pass they price (default: the
+        largest measured); `stopped`: measuring ended early because a pass cost too much for any tree to pay."""
         self.probe_sizes, self.tree_scale, self.passes_since_probe = list(sizes), 1.0, 0
         self.probe_times = isotonic(list(seconds), [1.0] * len(seconds))
+        self.probe_limit, self.probe_stopped = max(sizes) if limit is None else limit, stopped
+
+    def probe_plan(self, limit: int) -> ProbePlan:
+        """The passes to measure now so that every pass of at most `limit` tokens is priced from a measurement.
+        All of them at first or when the probe is stale (1, 2, 4, ... up to `limit`); only the sizes beyond the
+        last probe's limit, with 1 first as the anchor `take_probe` rescales by, when the budget may now choose
+        larger trees than it was probed for; else none."""
+        if not self.probed or self.needs_probe:
+            return ProbePlan(probe_sizes(1, limit), limit, extend=False)
+        if self.probe_stopped or limit <= self.probe_limit:
+            return ProbePlan([], limit, extend=False)
+        return ProbePlan([1, *probe_sizes(self.probe_limit + 1, limit)], limit, extend=True)
+
+    def take_probe(self, plan: ProbePlan, sizes: list[int], seconds: list[float]) -> None:
+        """The measured passes of `plan` (a pass that cost too much for any tree to pay ends it early, so `sizes`
+        may be fewer). An extension's passes were measured at another moment than the probe (another load, a
+        longer context), so they are rescaled by the ratio of the two measurements of a one-token pass before
+        they join the curve."""
+        stopped = len(sizes) < len(plan.sizes)
+        if not plan.extend:
+            self.set_probe(sizes, seconds, plan.limit, stopped)
+            return
+        ratio = self.probe_times[0] / max(seconds[0], 1e-12)
+        times = self.probe_times + [max(t * ratio, self.probe_times[-1]) for t in seconds[1:]]
+        self.probe_sizes, self.probe_times = self.probe_sizes + list(sizes[1:]), times
+        self.probe_limit, self.probe_stopped = plan.limit, stopped
 
     def summary(self) -> dict:
         """The model in milliseconds, for `TEVStats`."""
@@ -244,6 +296,14 @@ class CostAwareBudget:
         turned every tree down on the last text may be wrong for this one (a text that repeats itself suits
         context drafts where the last did not). The pause of a drafter that did not pay and the cap go on."""
         self.declined, self.probe_interval = 0, PROBE_START
+
+    def probe_plan(self) -> ProbePlan:
+        """The tree passes to measure at the start of a call (`CycleCost.probe_plan`): only sizes this budget
+        could choose (up to its cap + 1 tokens), and nothing while the drafter is paused (its cycles are plain
+        steps; a stale probe waits until the drafter is tried again). A first probe is always taken."""
+        if self.cost.probed and self.paused > 0:
+            return ProbePlan([], self.cap() + 1, extend=False)
+        return self.cost.probe_plan(self.cap() + 1)
 
     def cap(self) -> int:
         """The most nodes this cycle's tree may take. The builder's cost grows with its cap (a top-k of that

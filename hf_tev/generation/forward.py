@@ -79,13 +79,14 @@ def tree_forward(model, tokens, cache, mask, position_ids: torch.LongTensor, hid
 
 
 def probe_tree_costs(
-    model, cache, inputs, roots, first_positions, hidden_indices, max_tokens: int, max_ratio=math.inf, repeats=2
+    model, cache, inputs, roots, first_positions, hidden_indices, sizes: list[int], max_ratio=math.inf, repeats=2
 ):
-    """Seconds of target tree passes over 1, 2, 4, ... `max_tokens` tokens per row at the current context (the
-    best of `repeats`), the cache left as it was: the automatic budget's shape of t_tree, measured once per
-    target, device, dtype, thread count and batch size. The probe stops after the first size whose pass takes
-    more than `max_ratio` passes of one token per row: no larger tree can pay (`auto.probe_ratio`), and the cost
-    model prices larger ones by extending the last probed sizes.
+    """Seconds of target tree passes over `sizes` tokens per row (ascending, the first the reference of
+    `max_ratio`; `CostAwareBudget.probe_plan`) at the current context (the best of `repeats`), the cache left as
+    it was: the automatic budget's shape of t_tree, measured once per target, device, dtype, thread count and
+    batch size. The probe stops after the first size whose pass takes more than `max_ratio` times the first:
+    no larger tree can pay (`auto.probe_ratio`), and the cost model prices larger ones by extending the last
+    probed sizes.
 
     Args:
         inputs: the call's tree-pass inputs (`cache.PromptTreeInputs` or `cache.BatchTreeInputs`).
@@ -95,9 +96,6 @@ def probe_tree_costs(
     """
     past = cache.get_seq_length()
     clock = StageClock(roots[0].device)
-    sizes = [1 << i for i in range(max_tokens.bit_length()) if (1 << i) <= max_tokens]
-    if max_tokens > 1.25 * sizes[-1]:
-        sizes.append(max_tokens)
     seconds = []
     for size in sizes:
         chains = [build_chain(root.new_zeros((size - 1, 1), dtype=torch.float32), size - 1, root) for root in roots]

@@ -232,22 +232,23 @@ def first_roots(input_ids, raw, positions, processors, stopping_criteria, genera
 
 
 def probe_once(budget, model, cache, inputs, rows: list[Row], hidden_indices, max_ratio: float) -> float:
-    """The automatic budget's tree-pass cost curve, measured on the first call for these models and settings (up
-    to the size no tree can repay, `auto.probe_ratio`), and again at the start of a call once it is stale
-    (`CycleCost.needs_probe`). Returns the seconds it took (0 when nothing was probed)."""
+    """The automatic budget's tree-pass cost curve, measured at the start of a call where it lacks sizes the
+    budget could choose (`CostAwareBudget.probe_plan`): on the first call for these models and settings, for
+    larger sizes once the budget's cap has grown past the probed ones, and again once it is stale (not while the
+    drafter is paused); never past the size no tree can repay (`auto.probe_ratio`). Returns the seconds it took
+    (0 when nothing was probed)."""
     started = time.perf_counter()
-    if rows and budget.cost.needs_probe:
-        if not budget.cost.probed:
-            logger.warning_once(
-                "The automatic budget measures the target's tree-pass costs once for these models and settings"
-            )
-        roots, first_positions = [row.root for row in rows], [row.next_position for row in rows]
-        max_tokens = budget.max_budget + 1
-        budget.cost.set_probe(
-            *probe_tree_costs(model, cache, inputs, roots, first_positions, hidden_indices, max_tokens, max_ratio)
+    plan = budget.probe_plan()
+    if not rows or not plan.sizes:
+        return 0.0
+    if not budget.cost.probed:
+        logger.warning_once(
+            "The automatic budget measures the target's tree-pass costs once for these models and settings"
         )
-        return time.perf_counter() - started
-    return 0.0
+    roots, first_positions = [row.root for row in rows], [row.next_position for row in rows]
+    measured = probe_tree_costs(model, cache, inputs, roots, first_positions, hidden_indices, plan.sizes, max_ratio)
+    budget.cost.take_probe(plan, *measured)
+    return time.perf_counter() - started
 
 
 def tree_pass_inputs(model, real: torch.Tensor, rows: list[Row], cache, max_length: int):

@@ -9,7 +9,7 @@ import threading
 import pytest
 import torch
 
-from hf_tev.budget import AcceptanceCalibration, CostAwareBudget, CycleCost, isotonic
+from hf_tev.budget import AcceptanceCalibration, CostAwareBudget, CycleCost, ProbePlan, isotonic
 from hf_tev.lookup import LookupStats, build_merged_tree
 from hf_tev.tree import TREE_BUILDERS, build_tree
 
@@ -343,3 +343,43 @@ def test_a_probe_the_machine_no_longer_matches_is_taken_again():
     for _ in range(cost.stale_after):  # slower for good (another process took a core): probe again
         cost.observe(0, 2.5 * cost.tree_shape(1), 1e-4)
     assert cost.needs_probe
+
+
+def test_the_probe_measures_only_sizes_the_budget_could_choose():
+    cost = CycleCost()
+    budget = CostAwareBudget(max_budget=128, calibration=AcceptanceCalibration(), cost=cost)
+    assert budget.cap() == 16
+    plan = budget.probe_plan()
+    assert plan == ProbePlan([1, 2, 4, 8, 16], 17, extend=False)  # a pass of 17 tokens is priced from 16's segment
+    cost.take_probe(plan, plan.sizes, [5e-3 * (1 + 0.1 * k) for k in plan.sizes])
+    assert budget.probe_plan().sizes == []  # covered: nothing to measure at the next call
+
+    budget.limit = 64  # trees reached the cap: it doubled twice, the curve lacks sizes it can now choose
+    plan = budget.probe_plan()
+    assert plan == ProbePlan([1, 32, 64], 65, extend=True)  # only the new sizes, anchored at one token
+    # measured under twice the load: rescaled by the one-token pass, so the curve stays one curve
+    cost.take_probe(plan, plan.sizes, [2 * 5e-3 * (1 + 0.1 * k) for k in plan.sizes])
+    assert cost.probe_sizes == [1, 2, 4, 8, 16, 32, 64]
+    assert cost.tree_shape(64) == pytest.approx(5e-3 * (1 + 0.1 * 64))
+    assert budget.probe_plan().sizes == []
+
+
+def test_the_probe_stops_where_no_tree_can_pay_and_is_not_extended_past_it():
+    cost = CycleCost()
+    plan = cost.probe_plan(17)
+    cost.take_probe(plan, [1, 2, 4], [1e-3, 2e-3, 40e-3])  # ended at 4 tokens: 40x a one-token pass
+    assert cost.probe_stopped and cost.probe_plan(65).sizes == []
+
+
+def test_a_stale_probe_is_not_taken_again_while_the_drafter_is_paused():
+    cost = CycleCost()
+    budget = CostAwareBudget(max_budget=64, calibration=AcceptanceCalibration(), cost=cost)
+    plan = budget.probe_plan()
+    cost.take_probe(plan, plan.sizes, [10e-3 * k for k in plan.sizes])  # probed under load
+    for _ in range(cost.stale_after):
+        cost.observe(0, 3e-3, 0.0)  # then the machine got quiet: the probe is stale
+    assert cost.needs_probe
+    budget.paused = 4  # the drafter does not pay now: its cycles are plain steps, no tree is priced
+    assert budget.probe_plan().sizes == []
+    budget.paused = 0  # tried again: the stale probe is taken again, up to the cap only
+    assert budget.probe_plan() == ProbePlan([1, 2, 4, 8, 16], 17, extend=False)

@@ -111,9 +111,11 @@ def test_the_first_auto_call_probes_only_sizes_a_tree_could_repay(monkeypatch):
         return_dict_in_generate=True,
     )
     assert out.sequences.tolist() == expected.tolist()
-    # 2 x 8 one-token passes: a pass of 32 tokens per row costs more, and no larger one is made
-    assert out.tev_stats[0].budget_model["probe_tokens"] == [1, 2, 4, 8, 16, 32]
-    assert max(passes) == (8, 32)
+    # Only sizes the budget could choose: its first cap is 16 nodes, a pass of 17 tokens, priced from 16 (a larger
+    # max_budget is probed when the cap grows); and a pass of 16 tokens per row costs exactly the 2 x 8 one-token
+    # passes a tree could repay, so nothing larger would have been measured either.
+    assert out.tev_stats[0].budget_model["probe_tokens"] == [1, 2, 4, 8, 16]
+    assert max(passes) == (8, 16)
 
 
 def test_a_stale_probe_is_taken_again_at_the_next_call(monkeypatch):
@@ -145,5 +147,9 @@ def test_a_stale_probe_is_taken_again_at_the_next_call(monkeypatch):
     busy = call()  # probed "under load": half a second per token, far slower than the passes that follow
     assert busy["probe_ms"][0] == 500.0 and busy["tree_scale"] < 0.1
     price["per_token"] = 1e-3
+    (budget,) = auto._BUDGETS[drafter].states.values()
+    budget.paused = 8  # the drafter does not pay (it is untrained): while it is paused no tree is priced
+    assert call()["probe_ms"][0] == 500.0  # so the stale probe is not taken again
+    auto.forget_budgets()  # a budget whose drafter is not paused (as after the pause)
     quiet = call()  # the passes drifted far from the probe: this call probes again
     assert quiet["probe_ms"][0] == 1.0
