@@ -189,6 +189,7 @@ def exittrain_loss(
     tree_probs: Sequence[torch.Tensor] = (),
     objective: str = "exit",
     *,
+    vocab_index: torch.Tensor | None = None,
     ce_weight: float = 1.0,
     tree_weight: float = 0.1,
     alpha: float = 1e-4,
@@ -209,6 +210,9 @@ def exittrain_loss(
         trees: K inference-time trees; tree k was built from block `tree_blocks[k]`'s distributions.
         tree_blocks: K block indices into `block_logits`.
         tree_probs: K tensors, `[N_k, V]` target distributions at every node or `[N_k]` edge probabilities.
+        vocab_index (`[V_target]`, *optional*): where `block_logits` score a draft vocabulary (`labels` already
+            mapped into it), each target id's column, -1 for a token outside it; the trees' target-id nodes are
+            mapped through it, and a node outside the vocabulary (probability 0, never trainable) gets no weight.
     """
     if objective not in OBJECTIVES:
         raise ValueError(f"objective must be one of {OBJECTIVES}, got {objective!r}")
@@ -218,12 +222,12 @@ def exittrain_loss(
     if objective == "dflash" or not trees:
         return ExitLoss(ce_weight * ce, ce, None, None)
     weights = [node_weights(tree, probs, objective, alpha) for tree, probs in zip(trees, tree_probs, strict=True)]
+    tokens, weights = _pad([t.tokens for t in trees]), _pad(weights)
+    if vocab_index is not None:
+        tokens = vocab_index[tokens]
+        tokens, weights = tokens.clamp_min(0), weights * (tokens >= 0)
     tree = tree_loss(
-        block_logits[list(tree_blocks)],
-        _pad([t.depths for t in trees]),
-        _pad([t.tokens for t in trees]),
-        _pad(weights),
-        tree_normalization,
+        block_logits[list(tree_blocks)], _pad([t.depths for t in trees]), tokens, weights, tree_normalization
     )
     lengths = [expected_block_length(tree, probs) for tree, probs in zip(trees, tree_probs, strict=True)]
     block_length = torch.stack(lengths).mean()

@@ -3,6 +3,7 @@
 - `exit_config`, `exit_trainer`: `ExitTrainingArguments` (every knob) beside `ExitTrainer` (the Trainer hooks);
 - `rows`, `data`: one training row (its columns, its check, its prompt); the rows of a run (written by the
   target: `generate_training_data`, checked: `check_rows`, padded: `ExitDataCollator`);
+- `draft_vocab`: a drafter's draft vocabulary from the target's token frequencies in the rows;
 - `features`: the target features a drafter reads, computed once and memory-mapped (`FeatureCache`);
 - `batch`, `losses`: a step's anchors, masks and two shared forwards; the losses built on them (`rows_loss` of
   "exit", "prefix", "dflash"; Draft-OPD's replay and `opd_loss`) and their FLOPs. The maths: `hf_tev.exit_loss`;
@@ -15,6 +16,7 @@
 """
 
 from .data import ExitDataCollator, check_rows, generate_training_data
+from .draft_vocab import draft_vocab_from_rows
 from .exit_config import TRAINING_OBJECTIVES, ExitTrainingArguments
 from .exit_trainer import ExitTrainer
 from .features import CachedFeatureDataset, FeatureCache, compute_context_features
@@ -39,6 +41,7 @@ __all__ = [
     "collect_rollouts",
     "compute_context_features",
     "decoded_block_lengths",
+    "draft_vocab_from_rows",
     "generate_training_data",
     "opd_loss",
     "render_model_card",

@@ -135,7 +135,8 @@ def target_context(target, drafter, input_ids: torch.Tensor, use_cache: bool):
 
 
 def draft_blocks(model, drafter, target, input_ids, features, anchors) -> torch.Tensor:
-    """Drafter logits `[B, A, D, V]` of the blocks `[x_a, MASK, ...]` at every anchor `[B, A]`, from ONE forward:
+    """Drafter logits `[B, A, D, V]` of the blocks `[x_a, MASK, ...]` at every anchor `[B, A]`, from ONE forward
+    (`V`: the drafter's draft vocabulary where it has one, `DFlashDraftModel.head_logits`):
     every block sees the context features `[B, T, k*H]` strictly before its anchor and its own rows.
 
     `model` is what the trainer trains (the drafter, or its DDP wrapper: calling it lets gradient synchronisation
@@ -158,5 +159,4 @@ def draft_blocks(model, drafter, target, input_ids, features, anchors) -> torch.
         attention_mask=mask,
     ).last_hidden_state  # [B, A*L, H]
     hidden = hidden.view(B, A, L, -1)[:, :, 1:]  # block positions 1..D
-    lm_head = target.get_output_embeddings()
-    return lm_head(hidden.to(lm_head.weight.dtype))
+    return drafter.head_logits(target, hidden)

@@ -271,7 +271,8 @@ def load_data(script: ExitScriptArguments, args, target, drafter, tokenizer, sou
     from .data import check_rows
     from .features import CachedFeatureDataset, FeatureCache
 
-    if sources.resume is not None and not (args.deepspeed or args.fsdp):  # before the rows are written
+    check_resumed = sources.resume is not None and not (args.deepspeed or args.fsdp)
+    if check_resumed and script.draft_vocab_size is None:  # before the rows are written
         check_checkpoint_drafter(sources.resume, drafter)
     vocab_size = target.get_input_embeddings().weight.shape[0]
     data_dir = Path(script.data_dir or Path(args.output_dir) / "_data")
@@ -279,6 +280,9 @@ def load_data(script: ExitScriptArguments, args, target, drafter, tokenizer, sou
         train_rows, eval_rows, description = _rows(script, args, target, tokenizer, data_dir, sources)
         train_rows = check_rows(train_rows, "train_dataset", vocab_size, args.max_length)
         eval_rows = check_rows(eval_rows, "eval_dataset", vocab_size, args.max_length) if eval_rows else None
+        set_draft_vocab(script, drafter, target, train_rows)
+        if check_resumed and script.draft_vocab_size is not None:  # the vocabulary is part of the drafter
+            check_checkpoint_drafter(sources.resume, drafter)
         data = TrainingData(train_rows, eval_rows, len(train_rows), description)
         if script.feature_cache is not None:
             cache = FeatureCache(
@@ -288,6 +292,27 @@ def load_data(script: ExitScriptArguments, args, target, drafter, tokenizer, sou
             data.train_dataset = CachedFeatureDataset(train_rows, cache)
             data.eval_dataset = CachedFeatureDataset(eval_rows, cache) if eval_rows else None
     return data
+
+
+def set_draft_vocab(script: ExitScriptArguments, drafter, target, train_rows) -> None:
+    """With `--draft_vocab_size`, give a drafter without a draft vocabulary the one of the training rows (the same
+    rows give the same vocabulary, so a resumed run rebuilds its own); a drafter that has one keeps it, and must
+    have that size."""
+    from .draft_vocab import draft_vocab_from_rows
+
+    size = script.draft_vocab_size
+    if size is None:
+        return
+    if drafter.draft_vocab is not None:
+        if len(drafter.draft_vocab) != size:
+            raise ValueError(
+                f"--draft_vocab_size {size}: the drafter {script.drafter} already scores a draft vocabulary of "
+                f"{len(drafter.draft_vocab)} tokens (leave --draft_vocab_size out to keep it)"
+            )
+        return
+    eos = target.config.get_text_config().eos_token_id
+    eos_ids = [] if eos is None else eos if isinstance(eos, (list, tuple)) else [eos]
+    drafter.set_draft_vocab(draft_vocab_from_rows(train_rows, size, drafter.config.vocab_size, always=eos_ids))
 
 
 def train_and_publish(

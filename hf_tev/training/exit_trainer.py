@@ -58,7 +58,7 @@ from . import hub
 from .checkpoints import NEW_RUN, DrawCounter, check_checkpoint, check_checkpoint_drafter, seeded_generator
 from .data import ExitDataCollator, check_trainer_datasets
 from .exit_config import ExitTrainingArguments
-from .losses import FlopCounter, StepLoss, replay_loss, rows_loss
+from .losses import OPD_DRAFT_VOCAB, FlopCounter, StepLoss, replay_loss, rows_loss
 from .rollouts import RolloutPool, decoded_tau, tau_prompts
 from .rows import encode_prompt, pad_token_id_of
 
@@ -131,6 +131,8 @@ class ExitTrainer(Trainer):
         _check_models(model, target_model)
         if args is None:
             args = ExitTrainingArguments(output_dir="tmp_trainer")
+        if getattr(args, "objective", None) == "opd" and getattr(model, "draft_vocab", None) is not None:
+            raise ValueError(OPD_DRAFT_VOCAB)
         if not isinstance(args, ExitTrainingArguments):
             raise TypeError(f"args must be ExitTrainingArguments, got {type(args).__name__}")
         # Every row is checked before training starts; rows with nothing to train are dropped (counted warning).

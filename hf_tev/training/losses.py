@@ -37,6 +37,7 @@ import torch
 from torch.nn.utils.rnn import pad_sequence
 
 from ..exit_loss import edge_probs, exittrain_loss
+from ..models.dflash.vocabulary import to_target_vocab
 from ..tree import DraftTree, build_tree
 from .batch import block_labels, draft_blocks, sample_anchors, target_context, tree_batch_inputs
 from .rollouts import Rollout
@@ -55,6 +56,13 @@ class StepSize:
     block: int
     cached: bool
     tree_rows: int
+
+
+OPD_DRAFT_VOCAB = (
+    "objective 'opd' does not train a drafter with a draft vocabulary (its KL terms need the drafter's law over the "
+    "target's whole vocabulary): train it with 'dflash', 'exit' or 'prefix', or remove the vocabulary "
+    "(drafter.set_draft_vocab(None))"
+)
 
 
 @dataclass
@@ -94,8 +102,20 @@ def rows_loss(
     if with_trees:
         has_tree = supervised.all(-1) if args.tree_anchors == "full_horizon" else valid  # [B, A]
         trees, tree_blocks, tree_probs = score_trees(
-            target, draft_logits, input_ids, anchors, has_tree, cache, args.tree_budget, args.tree_context_window
+            target,
+            drafter,
+            draft_logits,
+            input_ids,
+            anchors,
+            has_tree,
+            cache,
+            args.tree_budget,
+            args.tree_context_window,
         )
+    vocab_index = drafter.draft_index  # [V_target] -> column of draft_logits, -1 where not scored; None: all
+    if vocab_index is not None:  # a label the drafter cannot score is not supervised (EAGLE-3's loss mask)
+        labels = vocab_index[labels]
+        supervised, labels = supervised & (labels >= 0), labels.clamp_min(0)
     parts = exittrain_loss(
         draft_logits.reshape(B * A, D, V),
         labels.reshape(B * A, D),
@@ -104,6 +124,7 @@ def rows_loss(
         tree_blocks,
         tree_probs,
         objective,
+        vocab_index=vocab_index,
         ce_weight=ce_weight,
         tree_weight=args.tree_weight,
         alpha=args.alpha,
@@ -138,9 +159,13 @@ def cached_features(drafter, inputs) -> torch.Tensor:
     return features
 
 
-def score_trees(target, draft_logits, input_ids, anchors, has_tree, cache, budget: int, context_window: int | None):
+def score_trees(
+    target, drafter, draft_logits, input_ids, anchors, has_tree, cache, budget: int, context_window: int | None
+):
     """Build the tree of every anchor with `has_tree` at `budget` and score its nodes with ONE target forward
-    against `cache` (seeing the last `context_window` tokens before the anchor; None: all of them).
+    against `cache` (seeing the last `context_window` tokens before the anchor; None: all of them). The trees hold
+    target ids, as at inference: a drafter's draft-vocabulary logits are spread over the target's vocabulary
+    first (probability 0 outside it).
 
     Returns `(trees, tree_blocks, edge_probs)`: tree k hangs at block `tree_blocks[k]` (flat index
     `b * A + slot` into `draft_logits` `[B, A, D, V]`) and has the target's edge probabilities
@@ -153,6 +178,8 @@ def score_trees(target, draft_logits, input_ids, anchors, has_tree, cache, budge
     if not anchor_list:
         return [], [], []
     draft_logprobs = draft_logits.detach().float().log_softmax(-1)  # [B, A, D, V]
+    if drafter.draft_vocab is not None:
+        draft_logprobs = to_target_vocab(draft_logprobs, drafter.draft_vocab, drafter.config.vocab_size)
     trees = [build_tree(draft_logprobs[b, slot], budget, input_ids[b, a]) for b, slot, a in anchor_list]
     owners = [b for b, _, _ in anchor_list]
     tokens, positions, mask, offsets = tree_batch_inputs(
@@ -318,6 +345,8 @@ def replay_loss(model, drafter, target, rollouts, args, generator, pad_token_id:
     rollout's cycles (picked by `generator`), the chains replayed through the target (one forward over the
     rollouts, one over the chains) and the acceptance-aware loss with the `opd_*` weights of `args`
     (`ExitTrainingArguments`). `model` is the trained drafter as the trainer holds it, `drafter` unwrapped."""
+    if drafter.draft_vocab is not None:
+        raise ValueError(OPD_DRAFT_VOCAB)
     input_ids, lengths, anchors, valid, accepted, rejected = (
         t.to(args.device) for t in rollout_batch(rollouts, args.anchors_per_sequence, generator, pad_token_id)
     )

@@ -58,7 +58,7 @@ USAGE = (
 )
 # `--help`: the options a first run sets, by group (the rest: `--help_all`), with shorter help for some.
 SHORT_SECTIONS = (
-    ("model", ("target", "drafter", "target_dtype")),
+    ("model", ("target", "drafter", "target_dtype", "draft_vocab_size")),
     ("data", ("train_data", "prompts", "apply_chat_template", "max_new_tokens", "eval_size")),
     ("training", ("max_steps", "learning_rate", "per_device_train_batch_size", "gradient_accumulation_steps", "seed")),
     ("ExitTrain", ("objective", "tree_budget", "tree_weight", "anchors_per_sequence", "max_length")),
@@ -68,6 +68,7 @@ SHORT_HELPS = {  # one line each at 80 columns
     "target": "the target: a Hub id or a folder",
     "drafter": "a drafter to start from (default: fresh)",
     "target_dtype": "the target's and drafter's dtype",
+    "draft_vocab_size": "score only the N tokens written most",
     "train_data": "JSONL / JSON files of training rows, or:",
     "prompts": "prompts to answer: a file or datasets name",
     "apply_chat_template": "string prompts become a user turn",
@@ -110,6 +111,10 @@ class ExitScriptArguments:
             built from the target with the fields below.
         num_draft_layers (`int`, defaults to `1`), block_size (`int`, defaults to `16`), target_layer_ids
             (`list[int]`, *optional*, the publishers' rule), mask_token_id (`int`, *optional*): the fresh drafter.
+        draft_vocab_size (`int`, *optional*): the drafter scores only this many of the target's tokens: the EOS
+            ids and the ones the target writes most often in the training rows (`draft_vocab_from_rows`), set on a
+            fresh drafter (or a checkpoint without one) once the rows are read. A checkpoint that has a draft
+            vocabulary keeps it (it must be this size).
         train_data (`list[str]`, *optional*): JSONL / JSON files of training rows (`input_ids` and optionally
             `prompt_length` / `loss_mask`), concatenated; `max_train_rows` keeps the first N.
         prompts (`str`, *optional*): prompts whose responses the target writes: a .json (a list), .jsonl or .txt
@@ -171,6 +176,10 @@ class ExitScriptArguments:
         default=None, metadata={"help": "Target layers a fresh drafter reads (default: the publishers' rule)."}
     )
     mask_token_id: int | None = field(default=None, metadata={"help": "Mask token of a fresh drafter."})
+    draft_vocab_size: int | None = field(
+        default=None,
+        metadata={"help": "Score only the N tokens the target writes most often in the rows (default: all)."},
+    )
     train_data: list[str] | None = field(
         default=None, metadata={"help": "JSONL / JSON files of training rows (input_ids, prompt_length/loss_mask)."}
     )
@@ -249,6 +258,9 @@ class ExitScriptArguments:
             raise ValueError(f"eval_size must be >= 0, got {self.eval_size}")
         if self.response_temperature is not None and self.response_temperature < 0:
             raise ValueError(f"response_temperature must be None or >= 0, got {self.response_temperature}")
+        size = self.draft_vocab_size
+        if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 1):
+            raise ValueError(f"--draft_vocab_size must be an int >= 1 (tokens the drafter scores), got {size!r}")
         if self.drafter is not None and self.target_layer_ids is not None:
             raise ValueError("--target_layer_ids builds a fresh drafter; a --drafter checkpoint keeps its own layers")
 

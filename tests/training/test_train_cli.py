@@ -248,3 +248,25 @@ def test_a_second_run_into_a_held_output_dir_is_refused_before_any_model_loads(t
         with pytest.raises(ValueError, match="another hf-tev train run holds"):  # run() too, for Python callers
             cli.run(*cli.parse_args([*flags, "--use_cpu", "--report_to", "none"]))
     assert not (out / "_data").exists()
+
+
+def test_a_fresh_drafter_gets_the_draft_vocabulary_of_its_rows(tmp_path):
+    """`--draft_vocab_size N`: the fresh drafter scores the N tokens the target writes most often in the training
+    rows (and its EOS), trains on them and is saved with them; a checkpoint's own vocabulary of another size is
+    refused by name."""
+    from hf_tev.training import draft_vocab_from_rows
+    from hf_tev.training.inputs import read_rows
+
+    out = tmp_path / "drafter"
+    flags = ["--target", str(kit_path("target")), "--train_data", str(KIT_ROWS), "--max_train_rows", "4"]
+    flags += ["--objective", "dflash", "--draft_vocab_size", "64", "--output_dir", str(out)]
+    cli.main([*flags, *small_run_flags()])
+    trained = DFlashDraftModel.from_pretrained(out)
+    target_config = json.loads((kit_path("target") / "config.json").read_text())
+    expected = draft_vocab_from_rows(
+        read_rows([str(KIT_ROWS)])[:4], 64, target_config["vocab_size"], always=[target_config["eos_token_id"]]
+    )
+    assert trained.config.draft_vocab_size == 64 and trained.draft_vocab.tolist() == expected.tolist()
+    again = ["--drafter", str(out), *flags[2:-1], str(tmp_path / "again"), "--draft_vocab_size", "32"]
+    with pytest.raises(ValueError, match=f"--draft_vocab_size 32: the drafter {out} already scores .* 64 tokens"):
+        cli.run(*cli.parse_args(["--target", str(kit_path("target")), *again, *small_run_flags()]))

@@ -106,6 +106,9 @@ class DFlashConfig(Qwen3Config):
     dflash_config (`dict`, *optional*):
         The published nested form of `target_layer_ids` / `mask_token_id` (and, in newer checkpoints,
         `block_size`). Values found there take precedence over top-level ones, as in the publishers' code.
+    draft_vocab_size (`int`, *optional*):
+        The drafter scores only this many of the target's tokens, its draft vocabulary (the `d2t` / `t2d` buffers
+        of its weights, as EAGLE-3 stores them: `hf_tev.models.dflash.vocabulary`). None: every token.
     final_logit_softcapping (`float`, *optional*):
         The target's final logit soft-capping (Gemma), as exports for such targets copy it. The drafter's
         marginals always get the target's own capping (`draft_logits`); a value here must equal it
@@ -120,6 +123,7 @@ class DFlashConfig(Qwen3Config):
     mask_token_id: int | None = None
     target_layer_ids: list[int] | None = None
     dflash_config: dict | None = None
+    draft_vocab_size: int | None = None
     final_logit_softcapping: float | None = None
 
     def __post_init__(self, **kwargs):
@@ -197,6 +201,9 @@ def _check_values(config: DFlashConfig) -> None:
         problems.append(f"sliding_attention layers need sliding_window, an int >= 1, got {window!r}")
     if not isinstance(config.block_size, int) or config.block_size < 2:
         problems.append(f"block_size={config.block_size!r} must be an int >= 2")
+    size = config.draft_vocab_size
+    if size is not None and (isinstance(size, bool) or not isinstance(size, int) or not 1 <= size <= config.vocab_size):
+        problems.append(f"draft_vocab_size={size!r} must be an int in [1, vocab_size={config.vocab_size}]")
     ids = config.target_layer_ids
     if ids is not None:
         if not ids or any(not isinstance(i, int) or i < 0 for i in ids):

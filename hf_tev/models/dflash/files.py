@@ -13,6 +13,7 @@ from huggingface_hub.utils import HFValidationError, validate_repo_id
 from transformers.utils import cached_file
 
 from .architecture import DRAFTER_ARCHITECTURE, architecture_names
+from .vocabulary import VOCABULARY_BUFFER_DTYPES
 
 SAFE_WEIGHTS_NAME, SAFE_INDEX_NAME = "model.safetensors", "model.safetensors.index.json"
 PICKLE_WEIGHTS_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
@@ -195,7 +196,8 @@ def _is_local_path(path: str) -> bool:
 
 
 def check_tensor_dtypes(files: list[str]) -> None:
-    """Refuse checkpoint tensors that are not floating point (an int tensor would load as garbage or zeros)."""
+    """Refuse checkpoint tensors that are not floating point (an int tensor would load as garbage or zeros), but for
+    a draft vocabulary's integer buffers (`vocabulary.VOCABULARY_BUFFER_DTYPES`)."""
     from safetensors import safe_open
 
     wrong = []
@@ -203,10 +205,10 @@ def check_tensor_dtypes(files: list[str]) -> None:
         with safe_open(file, framework="pt") as f:
             for name in f.keys():  # noqa: SIM118 (safe_open is not iterable)
                 dtype = f.get_slice(name).get_dtype()
-                if not dtype.startswith(("F", "BF")):
+                if not dtype.startswith(("F", "BF")) and VOCABULARY_BUFFER_DTYPES.get(name) != dtype:
                     wrong.append(f"{name} ({dtype})")
     if wrong:
         raise ValueError(
             f"DFlash drafter checkpoint has tensors that are not floating point: {', '.join(sorted(wrong))}; "
-            "every DFlash weight is a float (F32 / F16 / BF16)"
+            "every DFlash weight is a float (F32 / F16 / BF16), and a draft vocabulary's d2t / t2d are I64 / BOOL"
         )

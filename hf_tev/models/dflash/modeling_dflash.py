@@ -39,6 +39,8 @@ from transformers.utils.deprecation import deprecate_kwarg
 
 from .configuration_dflash import DFlashConfig, default_target_layer_ids, drafter_mlp_width
 from .files import check_tensor_dtypes, safetensors_files
+from .masks import SlidingWindowMask, attention_bias
+from .vocabulary import D2T, T2D, DraftVocabularyMixin, check_vocabulary_buffers, to_target_vocab
 
 NOT_AN_ASSISTANT = (
     "DFlashDraftModel is a DFlash drafter, not a classic assistant model: transformers' assisted generation cannot "
@@ -136,7 +138,7 @@ def _bound_fresh_logits(drafter, head_weight: torch.Tensor) -> None:
     drafter.norm.weight.fill_(scale.item())
 
 
-class DFlashDraftModel(PreTrainedModel):
+class DFlashDraftModel(DraftVocabularyMixin, PreTrainedModel):
     """DFlash drafter. Uses the target's `embed_tokens` and `lm_head` at run time, never owns them."""
 
     config_class = DFlashConfig
@@ -159,6 +161,10 @@ class DFlashDraftModel(PreTrainedModel):
         self.rotary_emb = Qwen3RotaryEmbedding(config)
         self.fc = nn.Linear(len(config.target_layer_ids) * config.hidden_size, config.hidden_size, bias=False)
         self.hidden_norm = Qwen3RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        if config.draft_vocab_size is not None:  # filled by the checkpoint or `set_draft_vocab`
+            self.register_buffer(D2T, torch.zeros(config.draft_vocab_size, dtype=torch.long))
+            self.register_buffer(T2D, torch.zeros(config.vocab_size, dtype=torch.bool))
+        self._head_rows_memo = None
         self.post_init()
 
     def __getattr__(self, name: str):
@@ -227,7 +233,7 @@ class DFlashDraftModel(PreTrainedModel):
                 f"{context.shape[1]} + block {block_len}"
             )
         past = cache.get_seq_length() if cache is not None else 0
-        mask = _attention_bias(attention_mask, block_len, past + context.shape[1] + block_len, noise_embeds.dtype)
+        mask = attention_bias(attention_mask, block_len, past + context.shape[1] + block_len, noise_embeds.dtype)
         position_embeddings = self.rotary_emb(noise_embeds, position_ids)
         window, dtype = self.config.sliding_window, noise_embeds.dtype
         windowed = None if window is None else SlidingWindowMask(mask, position_ids, block_len, window, dtype)
@@ -301,11 +307,12 @@ class DFlashDraftModel(PreTrainedModel):
         block_rows = block_rows[:, 1:] if rows is None else block_rows  # rows 1, 2, ...
         if cache is not None:
             cache.crop(-block_ids.shape[1])  # a view: only context K/V remain, no copy
-        head = target.get_output_embeddings()
-        logits = head(block_rows.to(device=head.weight.device, dtype=head.weight.dtype))[:, :depths]
+        logits = self.head_logits(target, block_rows)[:, :depths]  # the head on >= MATMUL_ROWS rows (above)
         cap = getattr(target.config.get_text_config(), "final_logit_softcapping", None)
         if cap:  # the target's own final soft-capping (Gemma), as its logits and the drafter's training have it
             logits = torch.tanh(logits / cap) * cap
+        if self.draft_vocab is not None:
+            logits = to_target_vocab(logits, self.draft_vocab.to(logits.device), self.config.vocab_size)
         return logits
 
     def check_target(self, target) -> None:
@@ -445,6 +452,8 @@ class DFlashDraftModel(PreTrainedModel):
                 f"{pretrained_model_name_or_path} is not a DFlash drafter checkpoint this config "
                 "describes: " + "; ".join(problems)
             )
+        if model.config.draft_vocab_size is not None:
+            check_vocabulary_buffers(model.d2t, model.t2d, model.config.vocab_size, str(pretrained_model_name_or_path))
         return (model, info) if want_info else model
 
 
@@ -492,64 +501,6 @@ def default_mask_token_id(text_config) -> int:
     if pad is not None and pad not in eos_ids:
         return pad
     return text_config.vocab_size - 1
-
-
-def _attention_bias(attention_mask, block_len: int, kv_len: int, dtype) -> torch.Tensor | None:
-    """Additive float mask `[B|1, 1, L, kv]` (or `[B, 1, 1, kv]`) for the block queries, or None."""
-    if attention_mask is None:
-        return None
-    if attention_mask.dim() == 2:  # padding mask over cached + new context + block, 1 = visible
-        if attention_mask.shape[-1] != kv_len:
-            raise ValueError(
-                f"2D attention_mask has {attention_mask.shape[-1]} columns, expected cached + context "
-                f"+ block = {kv_len}"
-            )
-        visible = attention_mask[:, None, None, :].bool()
-    elif attention_mask.dim() == 4:
-        if tuple(attention_mask.shape[-2:]) != (block_len, kv_len):
-            raise ValueError(
-                f"4D attention_mask has shape {tuple(attention_mask.shape)}, expected "
-                f"[B, 1, {block_len}, {kv_len}] (block queries x cached + context + block keys)"
-            )
-        if attention_mask.dtype != torch.bool:
-            return attention_mask.to(dtype)
-        visible = attention_mask
-    else:
-        raise ValueError(f"attention_mask must be 2D or 4D, got shape {tuple(attention_mask.shape)}")
-    return torch.zeros(visible.shape, dtype=dtype, device=visible.device).masked_fill_(~visible, torch.finfo(dtype).min)
-
-
-class SlidingWindowMask:
-    """The block's mask in a sliding-window draft layer: `base` with every key more than `window` positions away
-    from the query hidden, as transformers' bidirectional sliding overlay (`|q - k| <= window`) does it.
-
-    The keys are those the layer's cache returned: cached rows (transformers' own sliding cache layers return only
-    the last ones) followed by the new context and block rows at `position_ids`; cached rows sit at the positions
-    just before the first new row's, as they do for one sequence (a batch's cache with holes does not keep them
-    so, and is refused for sliding-window drafters).
-
-    Args:
-        base (`torch.Tensor`, *optional*): the additive mask of the call `[B|1, 1, L|1, past + c + L]`, or None.
-        position_ids (`torch.LongTensor` of shape `[B|1, c + L]`).
-    """
-
-    def __init__(self, base, position_ids: torch.Tensor, block_len: int, window: int, dtype: torch.dtype):
-        self.base, self.positions, self.block_len, self.window = base, position_ids, block_len, window
-        self.dtype = dtype
-        self.masks = {}  # by key count
-
-    def for_keys(self, keys: int) -> torch.Tensor:
-        """The additive mask `[B|1, 1, L, keys]` for a layer whose attention gets `keys` keys."""
-        if keys not in self.masks:
-            positions = self.positions
-            cached = torch.arange(positions.shape[-1] - keys, 0, device=positions.device)  # -old .. -1
-            key_positions = torch.cat([positions[:, :1] + cached, positions], dim=1)  # [B|1, keys]
-            query_positions = positions[:, -self.block_len :]  # [B|1, L]
-            outside = (query_positions[:, :, None] - key_positions[:, None, :]).abs() > self.window
-            base = torch.zeros((), dtype=self.dtype, device=positions.device)
-            base = base if self.base is None else self.base[..., -keys:]
-            self.masks[keys] = torch.where(outside[:, None], torch.finfo(self.dtype).min, base)
-        return self.masks[keys]
 
 
 def _check_from_target_arguments(text_config, target, num_layers, block_size, mask_token_id, target_layer_ids):
