@@ -7,7 +7,8 @@ Shard k covers prompts [k * 16, (k + 1) * 16): each prompt is answered twice, gr
 ended (the rest are kept, marked `"complete": false`). A shard is written to `data/shard_KKKKK.jsonl.partial`, then
 renamed whole, and (with `--commit`) committed once, alone. A rerun skips every finished shard and starts the first
 missing one, so a stopped job loses at most the shard it was in; with the same torch build and thread count a
-shard is rewritten token for token. `--stop_at` ends the job cleanly at a wall-clock time (`HH:MM`).
+shard is rewritten token for token. `--stop_at` ends the job cleanly at a wall-clock time (`HH:MM`). Two jobs share
+the shards with `--every 2 --offset 0` and `--every 2 --offset 1` (one core each).
 """
 
 from __future__ import annotations
@@ -84,6 +85,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--commit", action="store_true", help="commit each finished shard, alone")
     parser.add_argument("--stop_at", default=None, help="HH:MM: end cleanly before starting a shard after it")
+    parser.add_argument("--every", type=int, default=1, help="with --offset: only shards k with k %% every == offset")
+    parser.add_argument("--offset", type=int, default=0, help="(two jobs on two cores: --every 2 --offset 0 and 1)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     (HERE / "data").mkdir(exist_ok=True)
@@ -94,7 +97,7 @@ def main() -> None:
     pad_id, eos_id = tokenizer.pad_token_id, tokenizer.eos_token_id
     prompts = [json.loads(line) for line in (HERE / "prompts.jsonl").read_text().split("\n") if line]
     for index in range((len(prompts) + SHARD_PROMPTS - 1) // SHARD_PROMPTS):
-        if (HERE / "data" / f"shard_{index:05d}.jsonl").exists():
+        if index % args.every != args.offset or (HERE / "data" / f"shard_{index:05d}.jsonl").exists():
             continue
         if args.stop_at and datetime.now().strftime("%H:%M") >= args.stop_at:
             print(f"stopping before shard {index} ({args.stop_at})")
