@@ -258,6 +258,11 @@ def load_models(script: ExitScriptArguments, args):
             target_layer_ids=script.target_layer_ids,
         )
     drafter.check_target(target)
+    vocab_size = target.get_output_embeddings().weight.shape[0]
+    if script.draft_vocab_size is not None and script.draft_vocab_size > vocab_size:
+        raise ValueError(
+            f"--draft_vocab_size {script.draft_vocab_size} is larger than the target's vocabulary ({vocab_size} tokens)"
+        )
     return target, drafter, tokenizer
 
 

@@ -240,3 +240,38 @@ def test_labels_outside_the_vocabulary_are_not_supervised(target):
     odd = {**even, "input_ids": torch.tensor([[1, 5, 7, 9, 11, 13, 15, 17]])}
     step, _ = rows_loss(drafter, drafter, target, odd, args, "dflash", 1.0, torch.Generator().manual_seed(0))
     assert float(step.loss.detach()) > 0.0
+
+
+# ------------------------------------------------------------------ what a careless caller tries
+
+
+def test_float_or_bool_ids_are_refused_not_rounded():
+    with pytest.raises(ValueError, match="integer token ids, got torch.float32"):
+        vocabulary_buffers([1.5, 3.0], 96)
+    with pytest.raises(ValueError, match="integer token ids"):
+        vocabulary_buffers(torch.ones(96, dtype=torch.bool), 96)  # a t2d mask where ids were meant
+
+
+def test_auto_model_and_another_dtype_keep_the_integer_buffers(target, tmp_path):
+    from transformers import AutoModel
+
+    vocab_drafter(target).save_pretrained(tmp_path)
+    loaded = AutoModel.from_pretrained(tmp_path, dtype=torch.bfloat16)
+    assert isinstance(loaded, DFlashDraftModel) and loaded.fc.weight.dtype == torch.bfloat16
+    assert loaded.d2t.dtype == torch.long and loaded.t2d.dtype == torch.bool
+    assert loaded.draft_vocab.tolist() == VOCAB_IDS
+
+
+def test_default_settings_and_a_batch_decode_exactly_with_a_draft_vocabulary(target):
+    drafter = vocab_drafter(target)
+    prompt = torch.tensor([[1, 5, 9, 13, 4]])
+    out = target.generate(prompt, max_new_tokens=24, assistant_model=drafter, tev_config=TEVConfig())  # lookup on
+    assert torch.equal(out, greedy(target, prompt, max_new_tokens=24))
+    batch = torch.tensor([[0, 0, 1, 5, 9], [1, 7, 11, 3, 8]])
+    mask = (batch != 0).long()
+    mask[1, 0] = 1
+    out = target.generate(
+        batch, attention_mask=mask, max_new_tokens=16, assistant_model=drafter, tev_config=TEVConfig(budget=6)
+    )
+    expected = greedy(target, batch, attention_mask=mask, max_new_tokens=16)
+    assert torch.equal(out, expected)

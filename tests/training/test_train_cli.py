@@ -270,3 +270,10 @@ def test_a_fresh_drafter_gets_the_draft_vocabulary_of_its_rows(tmp_path):
     again = ["--drafter", str(out), *flags[2:-1], str(tmp_path / "again"), "--draft_vocab_size", "32"]
     with pytest.raises(ValueError, match=f"--draft_vocab_size 32: the drafter {out} already scores .* 64 tokens"):
         cli.run(*cli.parse_args(["--target", str(kit_path("target")), *again, *small_run_flags()]))
+
+
+def test_a_draft_vocabulary_larger_than_the_targets_is_refused_before_the_rows(tmp_path, monkeypatch):
+    monkeypatch.setattr(cli, "load_data", lambda *a, **k: pytest.fail("the rows were read"))
+    flags = ["--target", str(kit_path("target")), "--train_data", str(KIT_ROWS), "--draft_vocab_size", "999999"]
+    with pytest.raises(ValueError, match="--draft_vocab_size 999999 is larger than the target's vocabulary"):
+        cli.run(*cli.parse_args([*flags, "--output_dir", str(tmp_path / "out"), *small_run_flags()]))

@@ -23,7 +23,10 @@ VOCABULARY_BUFFER_DTYPES = {D2T: "I64", T2D: "BOOL"}  # safetensors dtypes of th
 
 def vocabulary_buffers(token_ids, vocab_size: int) -> tuple[torch.Tensor, torch.Tensor]:
     """`(d2t, t2d)` of the draft vocabulary `token_ids` (target ids, any order; stored ascending)."""
-    ids = torch.as_tensor(token_ids, dtype=torch.long).flatten().sort().values
+    ids = torch.as_tensor(token_ids)
+    if ids.numel() and (ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool):
+        raise ValueError(f"token_ids: a draft vocabulary is a list of integer token ids, got {ids.dtype} values")
+    ids = ids.long().flatten().sort().values.cpu()
     check_token_ids(ids, vocab_size, "token_ids")
     t2d = torch.zeros(vocab_size, dtype=torch.bool)
     t2d[ids] = True
