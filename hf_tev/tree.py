@@ -153,7 +153,7 @@ class DraftTree:
         parents = lists.parents[:num_nodes]
         kept = _tree_lists(parents, lists.tokens[:num_nodes])
         row_of = {node: row for row, node in enumerate(kept.internal)}
-        index = host_long(kept.internal + [row_of[parent] for parent in parents[1:]]).to(self.tokens.device)
+        index = to_device(host_long(kept.internal + [row_of[parent] for parent in parents[1:]]), self.tokens.device)
         depths = [0]  # on the host: the tensor's would cost a device sync
         for parent in parents[1:]:
             depths.append(depths[parent] + 1)
@@ -182,6 +182,18 @@ def host_long(values: list[int]) -> torch.LongTensor:
     if not values:
         return torch.empty(0, dtype=torch.long)  # frombuffer refuses an empty buffer
     return torch.frombuffer(array.array("q", values), dtype=torch.long)
+
+
+def to_device(host: torch.Tensor, device) -> torch.Tensor:
+    """A host tensor copied to `device` without a host wait: on CUDA from pinned memory and asynchronously (the
+    caching host allocator keeps the pinned block until the copy is done, so the host may drop `host`); a
+    blocking copy would wait for all the work queued before it (docs/design.md#host-waits). On the CPU: itself."""
+    device = torch.device(device)
+    if device.type == "cpu":
+        return host
+    if device.type == "cuda":
+        host = host.pin_memory()
+    return host.to(device, non_blocking=True)
 
 
 def check_draft_logprobs(draft_logprobs) -> None:
@@ -368,7 +380,7 @@ def tree_from_lists(root: torch.LongTensor, tokens: list, depths: list, parents:
         row, parent_row = width + node * n, width + parent * n
         buffer[row : row + node] = buffer[parent_row : parent_row + node]  # the parent's row holds 1s up to itself
         buffer[row + node] = 1
-    data = torch.frombuffer(buffer, dtype=torch.uint8).to(device)
+    data = to_device(torch.frombuffer(buffer, dtype=torch.uint8), device)
     longs = data[:width].view(torch.long)
     return DraftTree(
         tokens=torch.cat([root, longs[2 * n + 1 : 3 * n]]),

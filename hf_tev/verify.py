@@ -28,7 +28,7 @@ from bisect import bisect_left
 
 import torch
 
-from .tree import DraftTree, TreeLists, host_long
+from .tree import DraftTree, TreeLists, host_long, to_device
 
 # --------------------------------------------------------------------------------------------
 # Random draws (sync-free on accelerators)
@@ -125,7 +125,7 @@ def _residual(tree: DraftTree, row: torch.Tensor, node: int, residual_mass: floa
     children = tree.lists.children[node]
     if not children:
         return row
-    child_tokens = host_long([tree.lists.tokens[c] for c in children]).to(row.device)
+    child_tokens = to_device(host_long([tree.lists.tokens[c] for c in children]), row.device)
     residual = row.index_fill(0, child_tokens, 0)
     if residual_mass > 1e-3:  # float32 edge sums are off by ~1e-6 at most: the residual holds mass
         return residual

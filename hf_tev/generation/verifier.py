@@ -15,9 +15,15 @@ from .processors import process_tree_logits
 
 def next_token(scores: torch.Tensor, do_sample: bool, generator=None) -> torch.LongTensor:
     """The target's own next token from processed scores `[1, V]` -> `[1]` (the prefill's root, a root-only
-    cycle's bonus)."""
+    cycle's bonus).
+
+    Sampling draws what `torch.multinomial(probs, 1)` draws, by the same exponential race and the same random
+    numbers (torch's one-sample path: argmax of p / Exp(1)), without its two host reads that check the
+    probabilities (a wait for the device each)."""
     if do_sample:
-        return torch.multinomial(torch.softmax(scores, dim=-1), 1, generator=generator)[0]
+        probs = torch.softmax(scores, dim=-1)
+        race = torch.empty_like(probs).exponential_(1, generator=generator)
+        return probs.div_(race).argmax(dim=-1, keepdim=True)[0]
     return scores.argmax(dim=-1)
 
 
