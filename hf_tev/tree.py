@@ -255,7 +255,10 @@ def host_topk(draft_logprobs: torch.Tensor, k: int) -> tuple[list[list[float]], 
     same entries (`_cpu_host_topk`; torch's CPU top-k selects more slowly once k exceeds V / 64, where the one
     more entry it needs costs more than the key saves)."""
     on_cpu = draft_logprobs.device.type == "cpu"
-    if on_cpu and draft_logprobs.dtype != torch.float64 and 64 * (k + 1) <= draft_logprobs.shape[1]:
+    prefetched = getattr(draft_logprobs, "_hf_tev_topk", None)  # `prefetch_host_topk`
+    if prefetched is not None and prefetched[:2] == (k, draft_logprobs._version):
+        maxima, values, ids = prefetched[2:]
+    elif on_cpu and draft_logprobs.dtype != torch.float64 and 64 * (k + 1) <= draft_logprobs.shape[1]:
         maxima, values, ids = _cpu_host_topk(draft_logprobs, k)
     elif on_cpu:
         values, ids, row_max = ranked_topk(draft_logprobs, k)
@@ -270,6 +273,24 @@ def host_topk(draft_logprobs: torch.Tensor, k: int) -> tuple[list[list[float]], 
             "pass log_softmax of the drafter logits"
         )
     return values, ids
+
+
+def prefetch_host_topk(drafts: list, budget: int) -> None:
+    """The `host_topk` of several drafts `[d_i, V]` (None: no draft) of one vocabulary, brought to the host in ONE
+    device-to-host copy for the builds that follow (a batch's rows on an accelerator: one wait, not one per row).
+    Each draft keeps its lists until it is changed; on the CPU, where reading costs no wait, nothing is done."""
+    drafts = [q for q in drafts if q is not None and q.shape[0] and q.device.type != "cpu"]
+    k = min(budget, drafts[0].shape[1]) if drafts else 0
+    if len(drafts) < 2 or k == 0:
+        return
+    packed = [
+        torch.cat([v.double(), i.double(), m.double()[:, None]], 1) for v, i, m in (ranked_topk(q, k) for q in drafts)
+    ]
+    host, start = torch.cat(packed).tolist(), 0  # [sum d_i, 2k + 1]: the one copy
+    for q in drafts:
+        rows, start = host[start : start + q.shape[0]], start + q.shape[0]
+        ids = [[int(token) for token in row[k : 2 * k]] for row in rows]
+        q._hf_tev_topk = (k, q._version, [row[-1] for row in rows], [row[:k] for row in rows], ids)
 
 
 def _cpu_host_topk(logprobs: torch.Tensor, k: int) -> tuple[list[float], list[list[float]], list[list[int]]]:

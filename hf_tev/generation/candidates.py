@@ -23,7 +23,7 @@ from transformers.utils import logging
 
 from ..config import TEVConfig
 from ..lookup import ContextIndex, LookupStats, build_merged_tree
-from ..tree import TREE_BUILDERS, DraftTree, RootTrees, to_device
+from ..tree import TREE_BUILDERS, DraftTree, RootTrees, build_tree, prefetch_host_topk, to_device
 from .cache import compact_columns, select_rows
 
 logger = logging.get_logger(__name__)
@@ -131,7 +131,9 @@ class TreeCandidateGenerator:
         if self.drafter is not None and sizes.should_draft():
             drafted = self.draft(roots, root_positions, max_depths, cap)
         draft_s = clock.lap("draft")
-        known_s = None if clock.events else draft_s  # on CUDA the drafter's time is known after the cycle's read
+        if len(roots) > 1 and (self.lookup or self.builder is build_tree):  # every row's top-k in one read
+            prefetch_host_topk(drafted, self.budget if cap is None else cap)
+        known_s = None if clock.deferred else draft_s  # on CUDA the drafter's time is known after the cycle's read
         trees, build_s, rule = [], [], None
         for i, (draft_logprobs, root, max_depth) in enumerate(zip(drafted, roots, max_depths, strict=True)):
             rule = sizes.rule(draft_logprobs is not None, known_s)

@@ -175,7 +175,7 @@ def start(model, drafter, input_ids, logits_processor, stopping_criteria, genera
     tev_config = tev_config.for_call(generation_config, drafter is not None)
     batch, device = input_ids.shape[0], input_ids.device
     attention_mask = model_kwargs.get("attention_mask")
-    clock = StageClock(device)
+    clock = StageClock(device, deferred=True)  # no wait per stage (`StageClock.settle`)
     cache = full_length_cache(model, model_kwargs.get("cache"))  # sliding layers at full length, windowed by mask
     past = cache.get_seq_length()
     real = torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()

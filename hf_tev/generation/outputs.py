@@ -72,20 +72,20 @@ class StageClock:
     """Seconds between consecutive `lap()` calls: each lap is one stage's time.
 
     On the CPU a lap is the host time since the last one (the work is done when the host returns). On CUDA the
-    host runs ahead of the device. With `synchronize=True` (the cost probe, a call's prefill lap) a lap waits for
-    the device first. Otherwise a lap records a CUDA event and waits for nothing: the host time it returns is
-    provisional, and `settle()` gives each stage's time on the device's timeline, the time between consecutive
-    events, which is what a synchronised lap measures (the device reaches an event once it has done the work
-    before it and the host has issued it). It reads the events without a wait once the host has read something
-    the device computed after them: the decoding cycle settles after its one read of the bonus tokens.
+    host runs ahead of the device: a lap waits for the device first (the cost probe, the bench's replay). With
+    `deferred=True` (the decoding loop) a lap instead records a CUDA event and waits for nothing: the host time it
+    returns is provisional, and `settle()` gives each stage's time on the device's timeline, the time between
+    consecutive events, which is what a synchronised lap measures (the device reaches an event once it has done
+    the work before it and the host has issued it). It reads the events without a wait once the host has read
+    something the device computed after them: the decoding cycle settles after its one read of the bonus tokens.
     """
 
-    def __init__(self, device: torch.device, synchronize: bool = False):
-        self.device, self.events = device, device.type == "cuda"
-        self.synchronize = synchronize and self.events
+    def __init__(self, device: torch.device, deferred: bool = False):
+        self.device, on_cuda = device, device.type == "cuda"
+        self.deferred, self.synchronize = on_cuda and deferred, on_cuda and not deferred
         self.last = time.perf_counter()
-        self.marks = []  # CUDA: (stage, event) of the laps since the last settled one, that one's first
-        if self.events and not self.synchronize:
+        self.marks = []  # deferred: (stage, event) of the laps since the last settled one, that one's first
+        if self.deferred:
             self.marks.append((None, self._event()))
 
     @staticmethod
@@ -95,20 +95,22 @@ class StageClock:
         return event
 
     def lap(self, stage=None, synchronize: bool = False) -> float:
-        """The host seconds since the last lap (after a wait for the device with `synchronize`); on CUDA it
-        marks the end of `stage` for `settle` (stages may repeat: `settle` sums them)."""
-        if self.synchronize or (synchronize and self.events):
+        """The host seconds since the last lap (after a wait for the device when the clock synchronises, or with
+        `synchronize`); a deferred clock marks the end of `stage` for `settle` (stages may repeat: `settle` sums
+        them)."""
+        if self.synchronize or (synchronize and self.deferred):
             torch.cuda.synchronize(self.device)
         now = time.perf_counter()
         elapsed, self.last = now - self.last, now
-        if self.events and not self.synchronize:
+        if self.deferred:
             self.marks.append((stage, self._event()))
         return elapsed
 
     def settle(self) -> dict:
-        """CUDA: the device seconds of each stage lapped since the last settle (summed per stage; the host must
-        have waited past its last lap: `Event.elapsed_time` refuses an event not yet reached). {} elsewhere."""
-        if not self.events or self.synchronize:
+        """A deferred clock: the device seconds of each stage lapped since the last settle (summed per stage; the
+        host must have waited past its last lap: `Event.elapsed_time` refuses an event not yet reached). {}
+        for any other clock."""
+        if not self.deferred:
             return {}
         (_, start), *laps = self.marks
         seconds = {}

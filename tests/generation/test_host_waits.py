@@ -26,6 +26,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils.weak import WeakIdKeyDictionary
 
 import hf_tev
+from hf_tev.generation.verifier import next_token
 from hf_tev.kit import load_kit_model, load_kit_prompts, load_kit_tokenizer
 
 CUDA = torch.device("cuda", 0)
@@ -252,17 +253,22 @@ def sampling(temperature: float) -> dict:
     return {"do_sample": True, "temperature": temperature, "top_k": 0} if temperature else {"do_sample": False}
 
 
-def tev_waits(target, drafter, inputs, temperature: float, max_new_tokens: int = 24, **fields) -> list[list[str]]:
-    """Each cycle's waits (their reasons) of one tree-decoding call on the fake device."""
+def tev_call(target, drafter, inputs, temperature: float, max_new_tokens: int = 24, **fields):
+    return target.generate(
+        **inputs, assistant_model=drafter, tev_config=hf_tev.TEVConfig(**fields), max_new_tokens=max_new_tokens,
+        min_new_tokens=max_new_tokens // 2,
+        pad_token_id=0, **sampling(temperature),
+    )  # fmt: skip
+
+
+def tev_waits(target, drafter, inputs, temperature: float, **fields) -> tuple[list[list[str]], torch.Tensor]:
+    """Each cycle's waits (their reasons) of one tree-decoding call on the fake device, and its output."""
     counter = FakeCuda(target, drafter, tensors=list(inputs.values()))
     with pytest.MonkeyPatch.context() as patch, counter:
         cycles = CycleWaits(counter, patch)
-        target.generate(
-            **inputs, assistant_model=drafter, tev_config=hf_tev.TEVConfig(**fields), max_new_tokens=max_new_tokens,
-            eos_token_id=None, pad_token_id=0, **sampling(temperature),
-        )  # fmt: skip
+        out = tev_call(target, drafter, inputs, temperature, **fields)
     assert not counter.mixed, f"ops that mix device and host tensors (CUDA refuses them): {counter.mixed}"
-    return cycles.cycles
+    return cycles.cycles, out
 
 
 def plain_waits_per_step(target, inputs, temperature: float) -> float:
@@ -275,3 +281,80 @@ def plain_waits_per_step(target, inputs, temperature: float) -> float:
             target.generate(**inputs, max_new_tokens=new_tokens, min_new_tokens=new_tokens, **sampling(temperature))
         counts.append(len(counter.waits))
     return (counts[1] - counts[0]) / 8
+
+
+@pytest.fixture(scope="module")
+def kit():
+    return kit_models()
+
+
+def test_the_counter_counts_what_a_device_waits_for():
+    on_device = torch.arange(4.0)
+    counter = FakeCuda(tensors=[on_device])
+    with counter:
+        assert on_device.device == CUDA and on_device.is_cuda and not torch.ones(1).is_cuda
+        x = torch.softmax(on_device * 2, dim=-1)  # device work: no wait
+        made = torch.zeros(2, device=x.device)
+        assert made.device == CUDA and len(counter.waits) == 0
+        int(x.argmax()), x.tolist(), bool(x.sum() > 0)  # three reads
+        torch.ones(2).to(x.device)  # a blocking copy
+        torch.ones(2).to(x.device, non_blocking=True)  # none
+        x[torch.tensor([0, 1])]  # a host index: copied, blocking
+        x[x > 0.1]  # a mask: a nonzero
+        torch.multinomial(x, 1)  # its two checks
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        end.record()
+        with pytest.raises(RuntimeError, match="not ready"):
+            start.elapsed_time(end)  # the host has not waited past them
+        assert len(counter.waits) == 9
+        x.sum().item()
+        assert start.elapsed_time(end) >= 0
+    assert len(counter.waits) == 10
+
+
+def test_a_sampled_next_token_is_what_multinomial_draws():
+    """`next_token` replaces `torch.multinomial` (two host reads on CUDA) by its exponential race: the same token
+    from the same generator, which is left in the same state."""
+    for seed in range(20):
+        scores = torch.randn(1, 96, generator=torch.Generator().manual_seed(100 + seed)) * 3
+        theirs, ours = torch.Generator().manual_seed(seed), torch.Generator().manual_seed(seed)
+        expected = torch.multinomial(torch.softmax(scores, dim=-1), 1, generator=theirs)[0]
+        assert next_token(scores, True, ours).equal(expected)
+        assert ours.get_state().equal(theirs.get_state())
+
+
+def test_plain_generate_waits_per_step(kit):
+    """The reference: plain `generate` waits once per step greedily (its stop check), three times when sampling
+    (and `multinomial`'s two checks)."""
+    target, _, tokenizer = kit
+    inputs = kit_inputs(tokenizer, 1)
+    assert plain_waits_per_step(target, inputs, 0.0) == 1
+    assert plain_waits_per_step(target, inputs, 1.0) == 3
+
+
+MOST_PER_CYCLE = 3  # the top-k read for the build, the verifier's decision, the bonus tokens
+
+
+@pytest.mark.parametrize(
+    "temperature, fields",
+    [(0.0, {}), (1.0, {}), (0.0, {"budget": 16, "lookup": True}), (1.0, {"budget": 16, "verifier": "predraw"})],
+)
+def test_one_prompt_waits_at_most_three_times_per_cycle(kit, temperature, fields):
+    target, drafter, tokenizer = kit
+    cycles, _ = tev_waits(target, drafter, kit_inputs(tokenizer, 1), temperature, **fields)
+    counts = [len(waits) for waits in cycles]
+    assert len(cycles) > 1 and max(counts) <= MOST_PER_CYCLE, (counts, max(cycles, key=len))
+
+
+@pytest.mark.parametrize("temperature, fields", [(0.0, {"budget": 16}), (1.0, {"budget": 16, "seed": 0})])
+def test_a_batch_waits_at_most_three_times_per_cycle_and_decodes_as_on_the_cpu(kit, temperature, fields):
+    """A batch of 4 reads every row's top-k, decisions and bonus tokens together (the issue asks for at most 5);
+    what the accelerator branches decode is what the CPU's decode (greedy, and TEV from the same seed)."""
+    target, drafter, tokenizer = kit
+    inputs = kit_inputs(tokenizer, 4)
+    cycles, out = tev_waits(target, drafter, inputs, temperature, **fields)
+    counts = [len(waits) for waits in cycles]
+    assert len(cycles) > 1 and max(counts) <= MOST_PER_CYCLE, (counts, max(cycles, key=len))
+    assert out.tolist() == tev_call(target, drafter, inputs, temperature, **fields).tolist()
