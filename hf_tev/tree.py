@@ -283,14 +283,15 @@ def prefetch_host_topk(drafts: list, budget: int) -> None:
     k = min(budget, drafts[0].shape[1]) if drafts else 0
     if len(drafts) < 2 or k == 0:
         return
-    packed = [
-        torch.cat([v.double(), i.double(), m.double()[:, None]], 1) for v, i, m in (ranked_topk(q, k) for q in drafts)
-    ]
-    host, start = torch.cat(packed).tolist(), 0  # [sum d_i, 2k + 1]: the one copy
-    for q in drafts:
-        rows, start = host[start : start + q.shape[0]], start + q.shape[0]
+    packed = []  # as `host_topk` packs one draft: [d_i, 2k + 1] float64 values, ids and the row maximum
+    for draft in drafts:
+        values, ids, row_max = ranked_topk(draft, k)
+        packed.append(torch.cat([values.double(), ids.double(), row_max.double()[:, None]], dim=1))
+    host, start = torch.cat(packed).tolist(), 0  # the one copy
+    for draft in drafts:
+        rows, start = host[start : start + draft.shape[0]], start + draft.shape[0]
         ids = [[int(token) for token in row[k : 2 * k]] for row in rows]
-        q._hf_tev_topk = (k, q._version, [row[-1] for row in rows], [row[:k] for row in rows], ids)
+        draft._hf_tev_topk = (k, draft._version, [row[-1] for row in rows], [row[:k] for row in rows], ids)
 
 
 def _cpu_host_topk(logprobs: torch.Tensor, k: int) -> tuple[list[float], list[list[float]], list[list[int]]]:

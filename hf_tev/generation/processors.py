@@ -138,13 +138,14 @@ def process_tree_logits(logits_processor, committed_ids: torch.Tensor, tree: Dra
         return logits
     if all(type(p) in ROW_WISE_PROCESSORS for p in logits_processor):
         return logits_processor(committed_ids.expand(logits.shape[0], -1), logits)
-    if tree.num_nodes == 1:  # the root alone
-        return logits_processor(torch.cat([committed_ids, tree.tokens[None]], dim=1), logits)
+    if tree.num_nodes == 1:  # the root alone (a copy: processors may write their scores in place)
+        return logits_processor(torch.cat([committed_ids, tree.tokens[None]], dim=1), logits.clone())
     # path_tokens[u, d] = token of u's ancestor at depth d (root at depth 0), the rows of each depth: indices made
     # on the host from the tree's host structure and copied once (no read of the device: `node_paths`)
     paths, levels = node_paths(tree.lists.parents)
     width = len(levels)
-    index = to_device(host_long([node for path in paths for node in path] + sum(levels, [])), logits.device)
+    flat = [node for path in paths for node in path] + [node for level in levels for node in level]
+    index = to_device(host_long(flat), logits.device)
     path_tokens = tree.tokens[index[: len(paths) * width]].view(len(paths), width)
     scores, start = torch.empty_like(logits), len(paths) * width
     for depth, level in enumerate(levels):
