@@ -348,7 +348,7 @@ def test_one_prompt_waits_at_most_three_times_per_cycle(kit, temperature, fields
     assert len(cycles) > 1 and max(counts) <= MOST_PER_CYCLE, (counts, max(cycles, key=len))
 
 
-@pytest.mark.parametrize("temperature, fields", [(0.0, {"budget": 16}), (1.0, {"budget": 16, "seed": 0})])
+@pytest.mark.parametrize("temperature, fields", [(0.0, {}), (0.0, {"budget": 16}), (1.0, {"budget": 16, "seed": 0})])
 def test_a_batch_waits_at_most_three_times_per_cycle_and_decodes_as_on_the_cpu(kit, temperature, fields):
     """A batch of 4 reads every row's top-k, decisions and bonus tokens together (the issue asks for at most 5);
     what the accelerator branches decode is what the CPU's decode (greedy, and TEV from the same seed)."""
