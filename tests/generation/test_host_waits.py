@@ -22,6 +22,7 @@ import traceback
 
 import pytest
 import torch
+from helpers import Collect
 from torch.overrides import TorchFunctionMode
 from torch.utils.weak import WeakIdKeyDictionary
 
@@ -253,20 +254,19 @@ def sampling(temperature: float) -> dict:
     return {"do_sample": True, "temperature": temperature, "top_k": 0} if temperature else {"do_sample": False}
 
 
-def tev_call(target, drafter, inputs, temperature: float, max_new_tokens: int = 24, **fields):
+def tev_call(target, drafter, inputs, temperature: float, max_new_tokens: int = 24, options=None, **fields):
     return target.generate(
         **inputs, assistant_model=drafter, tev_config=hf_tev.TEVConfig(**fields), max_new_tokens=max_new_tokens,
-        min_new_tokens=max_new_tokens // 2,
-        pad_token_id=0, **sampling(temperature),
+        min_new_tokens=max_new_tokens // 2, pad_token_id=0, **sampling(temperature), **(options or {}),
     )  # fmt: skip
 
 
-def tev_waits(target, drafter, inputs, temperature: float, **fields) -> tuple[list[list[str]], torch.Tensor]:
+def tev_waits(target, drafter, inputs, temperature: float, options=None, **fields):
     """Each cycle's waits (their reasons) of one tree-decoding call on the fake device, and its output."""
     counter = FakeCuda(target, drafter, tensors=list(inputs.values()))
     with pytest.MonkeyPatch.context() as patch, counter:
         cycles = CycleWaits(counter, patch)
-        out = tev_call(target, drafter, inputs, temperature, **fields)
+        out = tev_call(target, drafter, inputs, temperature, options=options, **fields)
     assert not counter.mixed, f"ops that mix device and host tensors (CUDA refuses them): {counter.mixed}"
     return cycles.cycles, out
 
@@ -346,6 +346,19 @@ def test_one_prompt_waits_at_most_three_times_per_cycle(kit, temperature, fields
     cycles, _ = tev_waits(target, drafter, kit_inputs(tokenizer, 1), temperature, **fields)
     counts = [len(waits) for waits in cycles]
     assert len(cycles) > 1 and max(counts) <= MOST_PER_CYCLE, (counts, max(cycles, key=len))
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_streaming_returned_scores_and_a_penalty_add_no_wait(kit, temperature):
+    target, drafter, tokenizer = kit
+    streamed = Collect()
+    options = dict(streamer=streamed, return_dict_in_generate=True, output_scores=True, output_logits=True)
+    cycles, out = tev_waits(
+        target, drafter, kit_inputs(tokenizer, 1), temperature, {**options, "repetition_penalty": 1.2}, budget=16
+    )
+    counts = [len(waits) for waits in cycles]
+    assert len(cycles) > 1 and max(counts) <= MOST_PER_CYCLE, (counts, max(cycles, key=len))
+    assert streamed.tokens == out.sequences[0].tolist() and streamed.ended  # the prompt, then every token
 
 
 @pytest.mark.parametrize("temperature, fields", [(0.0, {}), (0.0, {"budget": 16}), (1.0, {"budget": 16, "seed": 0})])
