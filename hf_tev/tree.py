@@ -153,7 +153,7 @@ class DraftTree:
         parents = lists.parents[:num_nodes]
         kept = _tree_lists(parents, lists.tokens[:num_nodes])
         row_of = {node: row for row, node in enumerate(kept.internal)}
-        index = host_long(kept.internal + [row_of[parent] for parent in parents[1:]]).to(self.tokens.device)
+        index = to_device(host_long(kept.internal + [row_of[parent] for parent in parents[1:]]), self.tokens.device)
         depths = [0]  # on the host: the tensor's would cost a device sync
         for parent in parents[1:]:
             depths.append(depths[parent] + 1)
@@ -182,6 +182,18 @@ def host_long(values: list[int]) -> torch.LongTensor:
     if not values:
         return torch.empty(0, dtype=torch.long)  # frombuffer refuses an empty buffer
     return torch.frombuffer(array.array("q", values), dtype=torch.long)
+
+
+def to_device(host: torch.Tensor, device) -> torch.Tensor:
+    """A host tensor copied to `device` without a host wait: on CUDA from pinned memory and asynchronously (the
+    caching host allocator keeps the pinned block until the copy is done, so the host may drop `host`); a
+    blocking copy would wait for all the work queued before it (docs/design.md#host-waits). On the CPU: itself."""
+    device = torch.device(device)
+    if device.type == "cpu":
+        return host
+    if device.type == "cuda":
+        host = host.pin_memory()
+    return host.to(device, non_blocking=True)
 
 
 def check_draft_logprobs(draft_logprobs) -> None:
@@ -243,7 +255,10 @@ def host_topk(draft_logprobs: torch.Tensor, k: int) -> tuple[list[list[float]], 
     same entries (`_cpu_host_topk`; torch's CPU top-k selects more slowly once k exceeds V / 64, where the one
     more entry it needs costs more than the key saves)."""
     on_cpu = draft_logprobs.device.type == "cpu"
-    if on_cpu and draft_logprobs.dtype != torch.float64 and 64 * (k + 1) <= draft_logprobs.shape[1]:
+    prefetched = getattr(draft_logprobs, "_hf_tev_topk", None)  # `prefetch_host_topk`
+    if prefetched is not None and prefetched[:2] == (k, draft_logprobs._version):
+        maxima, values, ids = prefetched[2:]
+    elif on_cpu and draft_logprobs.dtype != torch.float64 and 64 * (k + 1) <= draft_logprobs.shape[1]:
         maxima, values, ids = _cpu_host_topk(draft_logprobs, k)
     elif on_cpu:
         values, ids, row_max = ranked_topk(draft_logprobs, k)
@@ -258,6 +273,25 @@ def host_topk(draft_logprobs: torch.Tensor, k: int) -> tuple[list[list[float]], 
             "pass log_softmax of the drafter logits"
         )
     return values, ids
+
+
+def prefetch_host_topk(drafts: list, budget: int) -> None:
+    """The `host_topk` of several drafts `[d_i, V]` (None: no draft) of one vocabulary, brought to the host in ONE
+    device-to-host copy for the builds that follow (a batch's rows on an accelerator: one wait, not one per row).
+    Each draft keeps its lists until it is changed; on the CPU, where reading costs no wait, nothing is done."""
+    drafts = [q for q in drafts if q is not None and q.shape[0] and q.device.type != "cpu"]
+    k = min(budget, drafts[0].shape[1]) if drafts else 0
+    if len(drafts) < 2 or k == 0:
+        return
+    packed = []  # as `host_topk` packs one draft: [d_i, 2k + 1] float64 values, ids and the row maximum
+    for draft in drafts:
+        values, ids, row_max = ranked_topk(draft, k)
+        packed.append(torch.cat([values.double(), ids.double(), row_max.double()[:, None]], dim=1))
+    host, start = torch.cat(packed).tolist(), 0  # the one copy
+    for draft in drafts:
+        rows, start = host[start : start + draft.shape[0]], start + draft.shape[0]
+        ids = [[int(token) for token in row[k : 2 * k]] for row in rows]
+        draft._hf_tev_topk = (k, draft._version, [row[-1] for row in rows], [row[:k] for row in rows], ids)
 
 
 def _cpu_host_topk(logprobs: torch.Tensor, k: int) -> tuple[list[float], list[list[float]], list[list[int]]]:
@@ -368,7 +402,7 @@ def tree_from_lists(root: torch.LongTensor, tokens: list, depths: list, parents:
         row, parent_row = width + node * n, width + parent * n
         buffer[row : row + node] = buffer[parent_row : parent_row + node]  # the parent's row holds 1s up to itself
         buffer[row + node] = 1
-    data = torch.frombuffer(buffer, dtype=torch.uint8).to(device)
+    data = to_device(torch.frombuffer(buffer, dtype=torch.uint8), device)
     longs = data[:width].view(torch.long)
     return DraftTree(
         tokens=torch.cat([root, longs[2 * n + 1 : 3 * n]]),

@@ -28,7 +28,7 @@ from bisect import bisect_left
 
 import torch
 
-from .tree import DraftTree, TreeLists, host_long
+from .tree import DraftTree, TreeLists, host_long, to_device
 
 # --------------------------------------------------------------------------------------------
 # Random draws (sync-free on accelerators)
@@ -125,22 +125,71 @@ def _residual(tree: DraftTree, row: torch.Tensor, node: int, residual_mass: floa
     children = tree.lists.children[node]
     if not children:
         return row
-    child_tokens = host_long([tree.lists.tokens[c] for c in children]).to(row.device)
+    child_tokens = to_device(host_long([tree.lists.tokens[c] for c in children]), row.device)
     residual = row.index_fill(0, child_tokens, 0)
     if residual_mass > 1e-3:  # float32 edge sums are off by ~1e-6 at most: the residual holds mass
         return residual
     return torch.where(residual.sum() > 0, residual, row)
 
 
-def _to_host(
-    values: torch.Tensor, generator: torch.Generator | None, draws: int = 1
-) -> tuple[list[float], list[float]]:
-    """values [n] and `draws` fresh uniforms, in one device-to-host copy."""
+def _to_host(values: torch.Tensor, generator: torch.Generator | None, draws: int = 1):
+    """values [n] and `draws` fresh uniforms, in one device-to-host copy (a step: `yield from` it)."""
     uniform = torch.rand(draws, generator=generator, dtype=torch.float64, device=values.device)
     if values.device.type == "cpu":  # nothing to batch: two list conversions are cheaper than a cat
         return values.tolist(), uniform.tolist()
-    host = torch.cat([values.to(torch.float64), uniform]).tolist()
+    host = yield torch.cat([values.to(torch.float64), uniform])
     return host[:-draws], host[-draws:]
+
+
+# --------------------------------------------------------------------------------------------
+# Steps: a verifier as a generator that yields the one tensor it reads and gets it back as a host list, so that
+# a batch's rows read their decisions together (`run_together`: one wait for the device instead of one per row).
+
+
+def run_steps(steps):
+    """Drive one verifier's steps: each tensor it yields is read to the host (`tolist`); returns its result."""
+    try:
+        request = next(steps)
+        while True:
+            request = steps.send(request.tolist())
+    except StopIteration as done:
+        return done.value
+
+
+def read_all(tensors: list[torch.Tensor]) -> list[list]:
+    """1-D tensors as host lists, in ONE device-to-host copy (a mix of dtypes goes as float64, which holds token
+    ids, node indices and coins exactly)."""
+    same = len({tensor.dtype for tensor in tensors}) == 1
+    host = torch.cat(tensors if same else [tensor.to(torch.float64) for tensor in tensors]).tolist()
+    values, start = [], 0
+    for tensor in tensors:
+        part = host[start : start + tensor.numel()]
+        if not same and not tensor.is_floating_point():
+            part = [(bool if tensor.dtype == torch.bool else int)(value) for value in part]
+        values.append(part)
+        start += tensor.numel()
+    return values
+
+
+def run_together(runs: list) -> list:
+    """Drive several verifiers' steps with one read per round: each runs to its read, then every request is read
+    at once and each goes on. Returns their results in order. Draws before a read keep their order (row by row),
+    so a verifier that draws only before its read (TEV, predraw) draws what it would alone."""
+    results, waiting = [None] * len(runs), []
+    for i, run in enumerate(runs):
+        try:
+            waiting.append((i, run, next(run)))
+        except StopIteration as done:
+            results[i] = done.value
+    while waiting:
+        answers, still = read_all([request.reshape(-1) for _, _, request in waiting]), []
+        for (i, run, _), answer in zip(waiting, answers, strict=True):
+            try:
+                still.append((i, run, run.send(answer)))
+            except StopIteration as done:
+                results[i] = done.value
+        waiting = still
+    return results
 
 
 def _path(lists: TreeLists, node: int) -> torch.LongTensor:
@@ -236,10 +285,15 @@ def verify_tev(tree: DraftTree, scores: torch.Tensor, generator: torch.Generator
     Returns:
         `(path, bonus)`: `torch.LongTensor` `[k + 1]` node indices root..v (host), and a 0-dim token id.
     """
+    return run_steps(tev_steps(tree, scores, generator))
+
+
+def tev_steps(tree: DraftTree, scores: torch.Tensor, generator: torch.Generator | None = None):
+    """`verify_tev` as steps (`run_steps`)."""
     _check_rows(tree, scores, "scores")
     lists = tree.lists
     probs, edge = _internal_probs(tree, scores)
-    edge, (exit_uniform, bonus_uniform) = _to_host(edge, generator, draws=2)  # the one host copy
+    edge, (exit_uniform, bonus_uniform) = yield from _to_host(edge, generator, draws=2)  # the one host copy
     tree.memo_for(scores)["host_edge"] = edge  # for `coverage`
     exit_mass, residual_mass = _exit_masses_host(lists, edge)
     exit_node = _sample_host(exit_mass, exit_uniform)
@@ -253,9 +307,14 @@ def verify_predraw(tree: DraftTree, scores: torch.Tensor, generator: torch.Gener
     Returns:
         `(path, bonus)` as `verify_tev`; bonus = the first draw that is not a child token.
     """
+    return run_steps(predraw_steps(tree, scores, generator))
+
+
+def predraw_steps(tree: DraftTree, scores: torch.Tensor, generator: torch.Generator | None = None):
+    """`verify_predraw` as steps (`run_steps`)."""
     _check_rows(tree, scores, "scores")
     draws = _sample(torch.softmax(scores.to(_flow_dtype(scores)), dim=-1), generator)  # [N]
-    exit_node = _follow(tree.lists, draws.tolist())  # the one host copy
+    exit_node = _follow(tree.lists, (yield draws))  # the one host copy
     return _path(tree.lists, exit_node), draws[exit_node]
 
 
@@ -272,6 +331,12 @@ def verify_residual(tree: DraftTree, scores: torch.Tensor, generator: torch.Gene
     Returns:
         `(path, bonus)` as `verify_tev`.
     """
+    return run_steps(residual_steps(tree, scores, generator))
+
+
+def residual_steps(tree: DraftTree, scores: torch.Tensor, generator: torch.Generator | None = None):
+    """`verify_residual` as steps (`run_steps`). Its bonus is drawn after the read: in `run_together` after
+    every row's coins (the same law, other draws than row by row)."""
     _check_rows(tree, scores, "scores")
     lists = tree.lists
     probs, edge = _internal_probs(tree, scores)  # [N-1]
@@ -280,7 +345,7 @@ def verify_residual(tree: DraftTree, scores: torch.Tensor, generator: torch.Gene
     earlier_sibling = (parents[:, None] == parents[None, :]) & (children[:, None] > children[None, :])  # [N-1, N-1]
     remaining = 1 - earlier_sibling.to(edge.dtype) @ edge  # [N-1] residual mass when the child is tried
     accept_prob = torch.where(remaining > 0, edge / remaining, 0).clamp_(0, 1)
-    accepted = [False] + _bernoulli(accept_prob, generator).tolist()  # per node; the one host copy
+    accepted = [False] + (yield _bernoulli(accept_prob, generator))  # per node; the one host copy
     node = 0
     while True:  # descend into the first accepted child in builder order
         step = next((c for c in lists.children[node] if accepted[c]), None)
@@ -302,6 +367,11 @@ def verify_greedy(tree: DraftTree, logits: torch.Tensor, generator: torch.Genera
     Returns:
         `(path, bonus)`: the deepest node v on the argmax path (host), and the argmax at v.
     """
+    return run_steps(greedy_steps(tree, logits))
+
+
+def greedy_steps(tree: DraftTree, logits: torch.Tensor, generator: torch.Generator | None = None):
+    """`verify_greedy` as steps (`run_steps`)."""
     _check_rows(tree, logits, "logits")
     lists = tree.lists
     if logits.device.type == "cpu":  # a host read costs no device sync: take the argmax of the visited rows only
@@ -314,7 +384,7 @@ def verify_greedy(tree: DraftTree, logits: torch.Tensor, generator: torch.Genera
                 return _path(lists, node), choice
             node = step
     choice = logits.argmax(-1)  # [N]
-    exit_node = _follow(lists, choice.tolist())  # the one host copy
+    exit_node = _follow(lists, (yield choice))  # the one host copy
     return _path(lists, exit_node), choice[exit_node]
 
 
@@ -323,3 +393,10 @@ def verify_greedy(tree: DraftTree, logits: torch.Tensor, generator: torch.Genera
 # and is what the decoder uses for greedy decoding.
 SAMPLING_VERIFIERS = {"tev": verify_tev, "predraw": verify_predraw, "residual": verify_residual}
 VERIFIERS = {**SAMPLING_VERIFIERS, "greedy": verify_greedy}
+# Each verifier's steps (`run_together` reads a batch's decisions at once); a verifier not here is called as it is.
+VERIFIER_STEPS = {
+    verify_tev: tev_steps,
+    verify_predraw: predraw_steps,
+    verify_residual: residual_steps,
+    verify_greedy: greedy_steps,
+}

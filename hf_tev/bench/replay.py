@@ -12,6 +12,7 @@ from transformers.generation import MaxLengthCriteria, StoppingCriteriaList
 
 from ..config import TEVConfig
 from ..generation import decode_cycle, start, tree_pass_and_verify
+from ..generation.outputs import StageClock
 from ..verify import VERIFIERS
 
 
@@ -55,6 +56,7 @@ def same_tree_verifier_stage(
         tev_config = TEVConfig(budget=budget, verifier=driver, seed=seed + i)
         state = start(target, drafter, input_ids, logits_processor, stopping, config, tev_config, None, {})
         state.tree_pass = every_verifier
+        state.clock = StageClock(input_ids.device)  # each verifier's stage timed at its end (on CUDA: waits)
         while state.rows:
             decode_cycle(state)
     return times

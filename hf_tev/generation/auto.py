@@ -147,11 +147,13 @@ class TreeSizes:
     def should_draft(self) -> bool:
         return self.budget is None or self.budget.should_draft()
 
-    def rule(self, drafted: bool, draft_s: float):
-        """One prompt's `SizeRule` for the builder (None for a fixed budget, a batch, or nothing to size)."""
+    def rule(self, drafted: bool, draft_s: float | None):
+        """One prompt's `SizeRule` for the builder (None for a fixed budget, a batch, or nothing to size).
+        `draft_s` None: the drafter's time is not known yet (on CUDA, `observe_draft` gets it after the cycle's
+        read)."""
         if self.budget is None or self.batch or not (drafted or self.lookup):
             return None
-        if drafted:
+        if drafted and draft_s is not None:
             self.budget.cost.observe_draft(draft_s)
         return self.budget.size_rule(drafted=drafted)
 
@@ -178,11 +180,16 @@ class TreeSizes:
     def _cut_batch(self, trees, drafted: bool, draft_s: float):
         if not (drafted or self.lookup):
             return trees, [1.0] * len(trees)
-        if drafted:
+        if drafted and draft_s is not None:
             self.budget.cost.observe_draft(draft_s)
         size, lengths = self.budget.common_size([(tree.path_logprobs or [0.0])[1:] for tree in trees], drafted)
         self.budget.chose(size, drafted)
         return [tree.truncated(size + 1) for tree in trees], lengths
+
+    def observe_draft(self, draft_s: float) -> None:
+        """The drafter's time of this cycle, known after its read (on CUDA: `rule` and `cut` got None)."""
+        if self.budget is not None:
+            self.budget.cost.observe_draft(draft_s)
 
     def observe(self, trees, paths: list[list[int]], nodes: int, forward_s: float, other_s: float) -> None:
         """Stage 6: what the cycle accepted (host paths) and what its pass of `nodes` tree tokens cost."""

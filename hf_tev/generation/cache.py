@@ -13,7 +13,7 @@ import torch
 from transformers.cache_utils import DynamicCache, DynamicLayer
 
 from ..target_layers import BufferLayer, TreeStateLayer, sliding_window, tree_attention_masks
-from ..tree import DraftTree, TreeInputs
+from ..tree import DraftTree, TreeInputs, host_long, to_device
 from .hybrid import tree_pass_masks
 
 
@@ -68,6 +68,7 @@ class BatchTreeInputs:
     def __init__(self, hidden: torch.Tensor, dtype: torch.dtype, model=None):
         self.hidden, self.dtype, self.min = hidden, dtype, torch.finfo(dtype).min
         self.model = model
+        self.visible = (~hidden).sum(dim=1).tolist()  # each row's visible columns, kept on the host (one read)
 
     def __call__(self, trees: list[DraftTree], past: int, first_positions: list[int]):
         """`(tokens [R, N], mask [R, 1, N, past + N], position_ids [R, N])` for the rows' trees padded to the
@@ -83,7 +84,7 @@ class BatchTreeInputs:
         mask = torch.zeros(rows, 1, nodes, past + nodes, dtype=self.dtype, device=device)
         mask[..., :past].masked_fill_(self.hidden[:, None, None, :past], self.min)
         mask[:, 0, :, past:].masked_fill_(~visible, self.min)
-        positions = depths + torch.tensor(first_positions, device=device)[:, None]
+        positions = depths + to_device(host_long(first_positions), device)[:, None]
         if self.model is not None:
             mask = tree_pass_masks(self.model, trees, mask, nodes)
         return tokens, mask, positions
@@ -91,16 +92,18 @@ class BatchTreeInputs:
     def commit(self, lengths: list[int]) -> None:
         """The cache grew by the longest accepted path; row i keeps `lengths[i]` of those columns."""
         window = torch.arange(max(lengths), device=self.hidden.device)
-        holes = window[None] >= torch.tensor(lengths, device=self.hidden.device)[:, None]  # [R, K]
+        holes = window[None] >= to_device(host_long(lengths), self.hidden.device)[:, None]  # [R, K]
         self.hidden = torch.cat([self.hidden, holes], dim=1)
+        self.visible = [count + length for count, length in zip(self.visible, lengths, strict=True)]
 
     def select(self, cache: DynamicCache, keep: list[int]) -> None:
         """Keep only rows `keep` (in that order) of the cache and the mask state."""
         self.hidden = select_rows(cache, self.hidden, keep)
+        self.visible = [self.visible[i] for i in keep]
 
     def compact(self, cache: DynamicCache, min_share: float = 0.25) -> bool:
         """`compact_columns` of the cache and the mask state; whether it compacted."""
-        hidden = compact_columns(cache, self.hidden, min_share)
+        hidden = compact_columns(cache, self.hidden, min_share, max(self.visible, default=0))
         if hidden is None:
             return False
         self.hidden = hidden
@@ -109,18 +112,22 @@ class BatchTreeInputs:
 
 def select_rows(cache: DynamicCache, hidden: torch.Tensor, keep: list[int]) -> torch.Tensor:
     """Keep only rows `keep` (in that order) of a batch cache; returns their `hidden` `[len(keep), C]`."""
-    index = torch.tensor(keep, dtype=torch.long, device=hidden.device)
+    index = to_device(host_long(keep), hidden.device)
     cache.batch_select_indices(index)
     return hidden[index]
 
 
-def compact_columns(cache: DynamicCache, hidden: torch.Tensor, min_share: float = 0.25) -> torch.Tensor | None:
+def compact_columns(
+    cache: DynamicCache, hidden: torch.Tensor, min_share: float = 0.25, kept: int | None = None
+) -> torch.Tensor | None:
     """When at least `min_share` of a batch cache's columns can go (no row needs them), move every row's
     visible columns to the right end (in order; a row with fewer keeps hidden columns on the left, like left
     padding) and drop the rest: one gather per layer, so a full copy only every so often. Returns the new
-    `hidden` `[R, C']`, or None when nothing was done."""
+    `hidden` `[R, C']`, or None when nothing was done. `kept`: the most visible columns of a row, when the caller
+    counts them on the host (else one read of `hidden`)."""
     columns = hidden.shape[1]
-    kept = int((~hidden).sum(dim=1).max()) if hidden.shape[0] else 0
+    if kept is None:
+        kept = int((~hidden).sum(dim=1).max()) if hidden.shape[0] else 0
     if columns - kept < max(1.0, min_share * columns):
         return None
     # a stable sort puts each row's hidden columns first and its visible ones after, each in order

@@ -23,7 +23,7 @@ from transformers.utils import logging
 
 from ..config import TEVConfig
 from ..lookup import ContextIndex, LookupStats, build_merged_tree
-from ..tree import TREE_BUILDERS, DraftTree, RootTrees
+from ..tree import TREE_BUILDERS, DraftTree, RootTrees, build_tree, prefetch_host_topk, to_device
 from .cache import compact_columns, select_rows
 
 logger = logging.get_logger(__name__)
@@ -52,6 +52,7 @@ class Candidates:
     draft_s: float  # the drafter's call, for the whole batch
     build_s: list[float]  # each row's build
     predicted: list[float] | None = None  # budget="auto": each tree's predicted block length
+    drafted: bool = False  # whether the drafter drafted this cycle
 
 
 class TreeCandidateGenerator:
@@ -86,6 +87,7 @@ class TreeCandidateGenerator:
         # shrunk to one row; one prompt's cache has none, so its calls skip that bookkeeping and pass no mask.
         self.batch = rows > 1
         self.hidden = torch.zeros(rows, 0, dtype=torch.bool, device=device)
+        self.visible = [0] * rows  # each row's visible columns of `hidden`, on the host (`compact_columns`)
         # [R, L]: every row's block [root, MASK, ...]; the MASK columns are written once, each draft writes the roots
         self.block_ids = torch.full(
             (rows, self.block_size), drafter.config.mask_token_id, dtype=torch.long, device=device
@@ -113,7 +115,7 @@ class TreeCandidateGenerator:
         state.context.append(features)
         state.context_positions.append(positions)
 
-    def get_candidates(self, roots, root_positions, max_depths, sizes, clock) -> Candidates:
+    def get_candidates(self, roots, root_positions, max_depths, sizes, clock, root_ids=None) -> Candidates:
         """Stages 1-2: each row's tree.
 
         Args:
@@ -121,22 +123,28 @@ class TreeCandidateGenerator:
             root_positions (`list[int]`): their position ids.
             max_depths (`list[int]`): the deepest depth each row can still emit (fewer tokens may remain).
             sizes (`auto.TreeSizes`): the call's size stage; clock (`outputs.StageClock`): times the stages.
+            root_ids (`list[int]`, *optional*): the roots' tokens on the host (the context index reads them; else
+                read from `roots`).
         """
         cap = sizes.cap()
         drafted = [None] * len(roots)
         if self.drafter is not None and sizes.should_draft():
             drafted = self.draft(roots, root_positions, max_depths, cap)
-        draft_s = clock.lap()
+        draft_s = clock.lap("draft")
+        if len(roots) > 1 and (self.lookup or self.builder is build_tree):  # every row's top-k in one read
+            prefetch_host_topk(drafted, self.budget if cap is None else cap)
+        known_s = None if clock.deferred else draft_s  # on CUDA the drafter's time is known after the cycle's read
         trees, build_s, rule = [], [], None
         for i, (draft_logprobs, root, max_depth) in enumerate(zip(drafted, roots, max_depths, strict=True)):
-            rule = sizes.rule(draft_logprobs is not None, draft_s)
-            continuations = self.continuations(i, root, max_depth)
+            rule = sizes.rule(draft_logprobs is not None, known_s)
+            root_id = root_ids[i] if root_ids is not None else int(root) if self.lookup else None
+            continuations = self.continuations(i, root_id, max_depth)
             trees.append(self.build(draft_logprobs, root, continuations, self.rows[i].lookup_stats, rule, cap))
-            build_s.append(clock.lap())
+            build_s.append(clock.lap(("build", i)))
         any_drafted = any(q is not None for q in drafted)
-        trees, predicted = sizes.cut(trees, rule, any_drafted, draft_s, continuations, self.rows[0].lookup_stats)
-        build_s[-1] += clock.lap()
-        return Candidates(trees, draft_s, build_s, predicted)
+        trees, predicted = sizes.cut(trees, rule, any_drafted, known_s, continuations, self.rows[0].lookup_stats)
+        build_s[-1] += clock.lap(("build", len(trees) - 1))
+        return Candidates(trees, draft_s, build_s, predicted, any_drafted)
 
     def draft(self, roots, root_positions, max_depths, budget) -> list[torch.Tensor | None]:
         """Stage 1: each row's drafter log-probs `[d_i, V]` of depths 1..d_i (None where no depth can be used),
@@ -149,6 +157,7 @@ class TreeCandidateGenerator:
         depths = [min(self.block_size - 1, depth, budget) for depth in max_depths]
         if max(depths) <= 0:
             return [None] * len(roots)
+        counts = [sum(part.shape[1] for part in state.context) for state in self.rows]
         features, positions, padding = self._waiting_context(root_positions)
         block_ids = self.block_ids[: len(roots)]  # [R, L]: [root, MASK, ...], the roots written in place
         block_ids[:, 0] = roots[0] if len(roots) == 1 else torch.cat(roots)
@@ -161,6 +170,7 @@ class TreeCandidateGenerator:
         )  # [R, max d, V]
         if self.batch:
             self.hidden = hidden
+            self.visible = [visible + count for visible, count in zip(self.visible, counts, strict=True)]
         return [self.finite_depths(logits[i, :d]) if d > 0 else None for i, d in enumerate(depths)]
 
     def finite_depths(self, logits: torch.Tensor) -> torch.Tensor:
@@ -225,14 +235,15 @@ class TreeCandidateGenerator:
             part if isinstance(part, torch.Tensor) else torch.arange(part.start, part.stop)[None] for part in parts
         ]
         pieces.append(torch.arange(root_position, root_position + after)[None])
-        return torch.cat([piece.to(device) for piece in pieces], dim=1)
+        return torch.cat([piece if piece.device == device else to_device(piece, device) for piece in pieces], dim=1)
 
-    def continuations(self, row: int, root, max_depth: int) -> list:
-        """A row's context drafts after `root`, at most `max_depth` deep (empty without lookup)."""
+    def continuations(self, row: int, root_id: int, max_depth: int) -> list:
+        """A row's context drafts after the root token `root_id`, at most `max_depth` deep (empty without
+        lookup)."""
         state = self.rows[row]
         if state.index is None:
             return []
-        state.root = int(root)  # the root's one host read this cycle (`committed_tokens` reuses it)
+        state.root = root_id  # `committed_tokens` reuses it
         continuations = state.index.continuations(state.root)
         return [(tokens[:max_depth], n) for tokens, n in continuations if max_depth > 0]
 
@@ -260,10 +271,11 @@ class TreeCandidateGenerator:
         self.rows = [self.rows[i] for i in keep]
         if self.drafter is not None:
             self.hidden = select_rows(self.cache, self.hidden, keep)
+            self.visible = [self.visible[i] for i in keep]
 
     def compact(self) -> None:
         if self.drafter is not None:
-            hidden = compact_columns(self.cache, self.hidden)
+            hidden = compact_columns(self.cache, self.hidden, kept=max(self.visible, default=0))
             if hidden is not None:
                 self.hidden = hidden
 

@@ -95,7 +95,7 @@ def probe_tree_costs(
         `(sizes, seconds)`.
     """
     past = cache.get_seq_length()
-    clock = StageClock(roots[0].device)
+    clock = StageClock(roots[0].device)  # on CUDA it waits at each lap: once per call, its times at once
     seconds = []
     for size in sizes:
         chains = [build_chain(root.new_zeros((size - 1, 1), dtype=torch.float32), size - 1, root) for root in roots]

@@ -26,6 +26,7 @@ from transformers.utils import logging
 from ..config import TEVConfig, TEVStats
 from ..models.dflash.native import tree_drafter
 from ..target_layers import full_length_cache, settle_tree_states
+from ..tree import host_long, to_device
 from ..verify import VERIFIERS, coverage
 from .auto import TreeSizes, automatic_budget, probe_ratio
 from .cache import BatchTreeInputs, PromptTreeInputs
@@ -34,7 +35,7 @@ from .candidates import TreeCandidateGenerator
 from .checks import check_batch, check_batch_target, check_supported
 from .forward import prefill, probe_tree_costs, prompt_positions, tree_forward
 from .hybrid import text_position_ids
-from .outputs import Outputs, StageClock, first_stop
+from .outputs import Outputs, StageClock, first_stop, host_eos_ids
 from .processors import processors_for_row, processors_for_tree
 from .verifier import next_token, verifier_stage
 
@@ -49,6 +50,7 @@ class Row:
     sequence: torch.Tensor  # [1, L]: the (padded) prompt, the committed tokens and the root
     next_position: int  # the root's position id
     processors: object  # its LogitsProcessorList (`processors_for_row`)
+    root_id: int = -1  # the root's token on the host (read with the bonus tokens, once per cycle)
     stats: TEVStats = field(default_factory=TEVStats)
     coverages: list = field(default_factory=list)  # 1 + C per cycle (floats, or tensors read once at the end)
 
@@ -72,6 +74,7 @@ class Decoding:
     generator: torch.Generator | None
     stopping_criteria: object
     generation_config: object
+    eos_ids: frozenset | None  # the EOS criteria's token ids on the host (`outputs.host_eos_ids`)
     outputs: Outputs
     clock: StageClock
     batch: bool  # more than one prompt: rows can leave, per-cycle pass statistics are kept
@@ -172,7 +175,7 @@ def start(model, drafter, input_ids, logits_processor, stopping_criteria, genera
     tev_config = tev_config.for_call(generation_config, drafter is not None)
     batch, device = input_ids.shape[0], input_ids.device
     attention_mask = model_kwargs.get("attention_mask")
-    clock = StageClock(device)
+    clock = StageClock(device, deferred=True)  # no wait per stage (`StageClock.settle`)
     cache = full_length_cache(model, model_kwargs.get("cache"))  # sliding layers at full length, windowed by mask
     past = cache.get_seq_length()
     real = torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
@@ -187,6 +190,8 @@ def start(model, drafter, input_ids, logits_processor, stopping_criteria, genera
         input_ids, raw, positions, processors_for_tree(logits_processor), stopping_criteria, generation_config,
         generator, outputs,
     )  # fmt: skip
+    for row, root_id in zip(rows, torch.cat([row.root for row in rows]).tolist() if rows else [], strict=True):
+        row.root_id = root_id  # the first roots' one host read
     candidates = TreeCandidateGenerator(drafter, model, tev_config, len(rows), device)
     for i, row in enumerate(rows):  # the prompt's real tokens: the drafter's first context, the context index
         keep, new = real[row.index], None if features is None else features[row.index : row.index + 1]
@@ -202,14 +207,14 @@ def start(model, drafter, input_ids, logits_processor, stopping_criteria, genera
         budget = automatic_budget(model, drafter, tev_config, generation_config, batch)
         ratio = probe_ratio(tev_config, drafter)
         probe_s = probe_once(budget, model, cache, inputs, rows, candidates.hidden_indices, ratio)
-    prefill_s = clock.lap()
+    prefill_s = clock.lap("prefill", synchronize=True)  # once per call: the prefill's time at once
     for row in [*rows, *done.values()]:
         row.stats.prefill_time, row.stats.probe_time = prefill_s, probe_s
     verify = VERIFIERS[tev_config.verifier if generation_config.do_sample else "greedy"]
     sizes = TreeSizes(budget, tev_config.lookup, batch)
     return Decoding(
         model, cache, rows, done, candidates, inputs, sizes, verify, generator, stopping_criteria,
-        generation_config, outputs, clock, batch > 1,
+        generation_config, host_eos_ids(stopping_criteria), outputs, clock, batch > 1,
     )  # fmt: skip
 
 
@@ -264,35 +269,53 @@ def tree_pass_inputs(model, real: torch.Tensor, rows: list[Row], cache, max_leng
 
 
 def decode_cycle(state: Decoding) -> None:
-    """One cycle for every unfinished row: draft -> build -> tree pass -> verify -> commit -> observe."""
+    """One cycle for every unfinished row: draft -> build -> tree pass -> verify -> commit -> observe.
+
+    Its host waits (docs/design.md#host-waits): the drafter's top-k for the tree build, the verifier's read of its
+    decision, and one read of every row's bonus token (stops, the context index and the stage clock read the
+    host tokens); nothing else reads the device or waits for it."""
     rows, cache, clock = state.rows, state.cache, state.clock
     past = cache.get_seq_length()
     # 1.-2. Draft and build. The tokens still allowed after the root bound each tree's depth (the bonus is one).
     max_depths = [state.generation_config.max_length - row.sequence.shape[1] - 1 for row in rows]
     roots, first_positions = [row.root for row in rows], [row.next_position for row in rows]
-    candidates = state.candidates.get_candidates(roots, first_positions, max_depths, state.sizes, clock)
+    root_ids = [row.root_id for row in rows]
+    candidates = state.candidates.get_candidates(roots, first_positions, max_depths, state.sizes, clock, root_ids)
     trees = candidates.trees
     # 3.-4. Tree pass and verify.
     result = state.tree_pass(state, trees, past, first_positions)
-    paths, bonuses, processed, host_paths = result.paths, result.bonuses, result.processed, result.host_paths
-    forward_s, verify_s = result.forward_s, result.verify_s
+    bonus_ids = torch.stack(result.bonuses).tolist()  # the cycle's one read of its outcome, every row's bonus
+    settle_times(state, candidates, result)
     # 5. Commit each row's tokens; its outcome goes back to the candidate generator.
     features = state.candidates.features(result.hidden_states)  # [R, N, k * H] or None
     result.hidden_states = None  # the pass's hidden states are not needed any more
-    logits, nodes = result.logits, result.nodes
+    processed, host_paths, logits, nodes = result.processed, result.host_paths, result.logits, result.nodes
     stopped = []
     for i, row in enumerate(rows):
         emitted = (processed[i], logits[i])
-        stopped.append(commit_row(state, i, trees[i], paths[i], host_paths[i], bonuses[i], emitted, features))
-        times = (candidates.draft_s, candidates.build_s[i], forward_s, verify_s)
+        stopped.append(commit_row(state, i, trees[i], host_paths[i], bonus_ids[i], emitted, features))
+        times = (candidates.draft_s, candidates.build_s[i], result.forward_s, result.verify_s)
         record_cycle(state, row, trees[i], host_paths[i], processed[i], times, nodes)
         if candidates.predicted is not None:
             row.stats.predicted_lengths.append(candidates.predicted[i])
-    rest_s = clock.lap()
+    rest_s = clock.lap("rest")  # (on CUDA its host time: what it launches is small, and read next cycle)
     # 6. Observe: the size stage learns what the trees accepted and what the pass cost; stopped rows leave.
-    other_s = sum(candidates.build_s) + verify_s + rest_s
-    state.sizes.observe(trees, host_paths, nodes - 1, forward_s, other_s)
+    other_s = sum(candidates.build_s) + result.verify_s + rest_s
+    state.sizes.observe(trees, host_paths, nodes - 1, result.forward_s, other_s)
     leave(state, stopped)
+
+
+def settle_times(state: Decoding, candidates, result) -> None:
+    """On CUDA, the cycle's stage times from the device's timeline (`StageClock.settle`, no wait after the bonus
+    read) replace the host laps; the drafter's time goes to the size stage now (its rule got none)."""
+    seconds = state.clock.settle()
+    if not seconds:
+        return
+    candidates.draft_s = seconds.get("draft", 0.0)
+    candidates.build_s = [seconds.get(("build", i), 0.0) for i in range(len(candidates.build_s))]
+    result.forward_s, result.verify_s = seconds.get("forward", 0.0), seconds.get("verify", 0.0)
+    if candidates.drafted:
+        state.sizes.observe_draft(candidates.draft_s)
 
 
 @dataclass
@@ -317,7 +340,7 @@ def tree_pass_and_verify(state: Decoding, trees, past: int, first_positions: lis
     tokens, mask, positions = state.inputs(trees, past, first_positions)
     out = tree_forward(state.model, tokens, state.cache, mask, positions, state.candidates.hidden_indices)
     logits = out.logits.float()  # [R, N, V]
-    forward_s = state.clock.lap()
+    forward_s = state.clock.lap("forward")
     # each row's committed tokens, which only logits processors read
     committed = [row.sequence[:, :-1] if len(row.processors) else None for row in state.rows]
     processors = [row.processors for row in state.rows]
@@ -325,34 +348,39 @@ def tree_pass_and_verify(state: Decoding, trees, past: int, first_positions: lis
         trees, logits, committed, processors, state.verify, state.generator, state.cache, past
     )
     state.inputs.commit([len(path) for path in host_paths])
-    verify_s = state.clock.lap()
+    verify_s = state.clock.lap("verify")
     return Verified(
         paths, bonuses, processed, host_paths, logits, out.hidden_states, tokens.shape[1], forward_s, verify_s
     )
 
 
-def commit_row(state: Decoding, i: int, tree, path, host_path: list[int], bonus, emitted, features) -> bool:
+def commit_row(state: Decoding, i: int, tree, host_path: list[int], bonus_id: int, emitted, features) -> bool:
     """Stage 5 for row i: append its accepted tokens and bonus, hand the candidate generator its outcome (the
     accepted nodes' features become the drafter's next context, the tokens the context index's), keep the
     scores / logits of the emitted tokens (`emitted`: the tree's processed and raw rows, when returned), stream,
-    and whether it stopped (its sequence then cut at the stop)."""
+    and whether it stopped (its sequence then cut at the stop). Every token is known on the host (the tree's
+    from its build, the bonus from the cycle's read): nothing here reads the device or waits for it."""
     row = state.rows[i]
     accepted, start = len(host_path), row.sequence.shape[1]
-    new = [bonus.view(1, 1)] if accepted == 1 else [tree.tokens[path[1:]][None], bonus.view(1, 1)]
-    row.sequence = torch.cat([row.sequence, *new], dim=1)
+    new_ids = [*(tree.lists.tokens[node] for node in host_path[1:]), bonus_id] if accepted > 1 else [bonus_id]
+    row.sequence = torch.cat([row.sequence, to_device(host_long(new_ids)[None], row.sequence.device)], dim=1)
+    row.root_id = bonus_id
     positions = range(row.next_position, row.next_position + accepted)  # consecutive: no tensor needed
     tokens = state.candidates.committed_tokens(i, tree, host_path) if state.candidates.lookup else None
+    in_order = host_path[-1] == accepted - 1  # the path is the first nodes 0..k (it ends at k)
+    device_path = None if in_order else to_device(host_long(host_path), row.sequence.device)
     row_features = None
-    if features is not None:  # a path of the first nodes 0..k (it ends at k) is a view of them, not a copy
-        row_features = features[i : i + 1, :accepted] if host_path[-1] == accepted - 1 else features[i : i + 1, path]
+    if features is not None:  # a path of the first nodes is a view of them, not a copy
+        row_features = features[i : i + 1, :accepted] if in_order else features[i : i + 1].index_select(1, device_path)
     state.candidates.update_candidate_strategy(i, row_features, positions, tokens, tree, host_path)
     row.next_position += accepted
     if state.outputs.scores is not None or state.outputs.logits is not None:
-        state.outputs.add(emitted[0][path], emitted[1][path])
-    stop = first_stop(state.stopping_criteria, row.sequence, start, state.outputs.scores)
+        rows = (lambda x: x[:accepted]) if in_order else (lambda x: x.index_select(0, device_path))
+        state.outputs.add(rows(emitted[0]), rows(emitted[1]))
+    stop = first_stop(state.stopping_criteria, row.sequence, start, state.outputs.scores, new_ids, state.eos_ids)
     if stop is not None:
         row.sequence = row.sequence[:, : stop + 1]
-    state.outputs.stream(row.sequence[0, start:])
+    state.outputs.stream(new_ids[: row.sequence.shape[1] - start])
     return stop is not None
 
 

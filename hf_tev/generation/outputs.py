@@ -24,7 +24,7 @@ class TEVGenerateOutput(GenerateDecoderOnlyOutput):
     tev_stats: TEVStats | list[TEVStats] | None = None
 
 
-def first_stop(stopping_criteria, sequence: torch.Tensor, start: int, scores=None) -> int | None:
+def first_stop(stopping_criteria, sequence: torch.Tensor, start: int, scores=None, new_ids=None, eos_ids=None):
     """Index (into `sequence` `[1, L]`) of the first token at or after `start` after which generation stops,
     or None.
 
@@ -34,6 +34,9 @@ def first_stop(stopping_criteria, sequence: torch.Tensor, start: int, scores=Non
         scores (`list[torch.FloatTensor]`, *optional*): processed scores of every generated token up to the end
             of `sequence` (kept when `output_scores` is returned). A criterion gets the tuple of those up to the
             token it checks, or None, as in plain `generate`.
+        new_ids (`list[int]`, *optional*), eos_ids (`frozenset`, *optional*): the tokens from `start` on and the
+            EOS criteria's ids (`host_eos_ids`), both on the host: the closed form then reads nothing from the
+            device.
     """
     length = sequence.shape[1]
     if all(type(c) in (MaxLengthCriteria, EosTokenCriteria) for c in stopping_criteria):
@@ -41,6 +44,8 @@ def first_stop(stopping_criteria, sequence: torch.Tensor, start: int, scores=Non
         for criterion in stopping_criteria:
             if type(criterion) is MaxLengthCriteria:
                 stops.append(max(start, criterion.max_length - 1))
+            elif new_ids is not None and eos_ids is not None:
+                stops.append(next((start + j for j, token in enumerate(new_ids) if token in eos_ids), length))
             else:
                 eos = torch.isin(sequence[0, start:], criterion.eos_token_id.to(sequence.device))
                 if eos.any():
@@ -54,19 +59,66 @@ def first_stop(stopping_criteria, sequence: torch.Tensor, start: int, scores=Non
     return None
 
 
+def host_eos_ids(stopping_criteria) -> frozenset | None:
+    """The token ids of every `EosTokenCriteria`, on the host (one read per call, not per cycle); None when the
+    criteria are not all max-length / EOS ones (`first_stop` then asks them token by token)."""
+    if not all(type(c) in (MaxLengthCriteria, EosTokenCriteria) for c in stopping_criteria):
+        return None
+    eos = [c.eos_token_id.reshape(-1) for c in stopping_criteria if type(c) is EosTokenCriteria]
+    return frozenset(torch.cat(eos).tolist() if eos else ())
+
+
 class StageClock:
-    """Seconds between consecutive `lap()` calls; on CUDA it synchronises first, so a lap is its stage's work."""
+    """Seconds between consecutive `lap()` calls: each lap is one stage's time.
 
-    def __init__(self, device: torch.device):
-        self.device, self.sync = device, device.type == "cuda"
+    On the CPU a lap is the host time since the last one (the work is done when the host returns). On CUDA the
+    host runs ahead of the device: a lap waits for the device first (the cost probe, the bench's replay). With
+    `deferred=True` (the decoding loop) a lap instead records a CUDA event and waits for nothing: the host time it
+    returns is provisional, and `settle()` gives each stage's time on the device's timeline, the time between
+    consecutive events, which is what a synchronised lap measures (the device reaches an event once it has done
+    the work before it and the host has issued it). It reads the events without a wait once the host has read
+    something the device computed after them: the decoding cycle settles after its one read of the bonus tokens.
+    """
+
+    def __init__(self, device: torch.device, deferred: bool = False):
+        self.device, on_cuda = device, device.type == "cuda"
+        self.deferred, self.synchronize = on_cuda and deferred, on_cuda and not deferred
         self.last = time.perf_counter()
+        self.marks = []  # deferred: (stage, event) of the laps since the last settled one, that one's first
+        if self.deferred:
+            self.marks.append((None, self._event()))
 
-    def lap(self) -> float:
-        if self.sync:
+    @staticmethod
+    def _event():
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def lap(self, stage=None, synchronize: bool = False) -> float:
+        """The host seconds since the last lap (after a wait for the device when the clock synchronises, or with
+        `synchronize`); a deferred clock marks the end of `stage` for `settle` (stages may repeat: `settle` sums
+        them)."""
+        if self.synchronize or (synchronize and self.deferred):
             torch.cuda.synchronize(self.device)
         now = time.perf_counter()
         elapsed, self.last = now - self.last, now
+        if self.deferred:
+            self.marks.append((stage, self._event()))
         return elapsed
+
+    def settle(self) -> dict:
+        """A deferred clock: the device seconds of each stage lapped since the last settle (summed per stage; the
+        host must have waited past its last lap: `Event.elapsed_time` refuses an event not yet reached). {}
+        for any other clock."""
+        if not self.deferred:
+            return {}
+        (_, start), *laps = self.marks
+        seconds = {}
+        for stage, end in laps:
+            seconds[stage] = seconds.get(stage, 0.0) + start.elapsed_time(end) / 1e3
+            start = end
+        self.marks = self.marks[-1:]
+        return seconds
 
 
 class Outputs:
@@ -87,9 +139,10 @@ class Outputs:
         if self.logits is not None:
             self.logits.extend(raw.unsqueeze(1).unbind(0))
 
-    def stream(self, tokens: torch.Tensor) -> None:
+    def stream(self, tokens: torch.Tensor | list[int]) -> None:
+        """Tokens `[k]` to the streamer: a device tensor, or host ids (no read of the device)."""
         if self.streamer is not None:
-            self.streamer.put(tokens.cpu())
+            self.streamer.put(torch.tensor(tokens, dtype=torch.long) if isinstance(tokens, list) else tokens.cpu())
 
     def result(self, sequence, prompt_length: int, cache, stats: TEVStats):
         """One prompt's result: the tokens, or the output with scores, logits, the cache and the statistics."""

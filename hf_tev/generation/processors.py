@@ -41,7 +41,7 @@ from transformers.generation import (
 )
 from transformers.utils import logging
 
-from ..tree import DraftTree
+from ..tree import DraftTree, host_long, to_device
 
 logger = logging.get_logger(__name__)
 
@@ -138,17 +138,35 @@ def process_tree_logits(logits_processor, committed_ids: torch.Tensor, tree: Dra
         return logits
     if all(type(p) in ROW_WISE_PROCESSORS for p in logits_processor):
         return logits_processor(committed_ids.expand(logits.shape[0], -1), logits)
-    # path_tokens[u, d] = token of u's ancestor at depth d (root at depth 0).
-    num_nodes = tree.num_nodes
-    node, ancestor = tree.visibility.nonzero(as_tuple=True)
-    path_tokens = tree.tokens.new_zeros(num_nodes, tree.max_depth + 1)
-    path_tokens[node, tree.depths[ancestor]] = tree.tokens[ancestor]
-    scores = torch.empty_like(logits)
-    for depth in range(tree.max_depth + 1):
-        rows = (tree.depths == depth).nonzero(as_tuple=True)[0]
-        ids = torch.cat([committed_ids.expand(rows.numel(), -1), path_tokens[rows, : depth + 1]], dim=1)
+    if tree.num_nodes == 1:  # the root alone (a copy: processors may write their scores in place)
+        return logits_processor(torch.cat([committed_ids, tree.tokens[None]], dim=1), logits.clone())
+    # path_tokens[u, d] = token of u's ancestor at depth d (root at depth 0), the rows of each depth: indices made
+    # on the host from the tree's host structure and copied once (no read of the device: `node_paths`)
+    paths, levels = node_paths(tree.lists.parents)
+    width = len(levels)
+    flat = [node for path in paths for node in path] + [node for level in levels for node in level]
+    index = to_device(host_long(flat), logits.device)
+    path_tokens = tree.tokens[index[: len(paths) * width]].view(len(paths), width)
+    scores, start = torch.empty_like(logits), len(paths) * width
+    for depth, level in enumerate(levels):
+        rows, start = index[start : start + len(level)], start + len(level)
+        ids = torch.cat([committed_ids.expand(len(level), -1), path_tokens[rows, : depth + 1]], dim=1)
         scores[rows] = logits_processor(ids, logits[rows])
     return scores
+
+
+def node_paths(parents: list[int]) -> tuple[list[list[int]], list[list[int]]]:
+    """Each node's path root..u padded with 0s to the tree's depth + 1 (`[N][D + 1]`), and the nodes of each
+    depth (`[D + 1][...]`), from the host parents (`parents[u] < u`)."""
+    paths, levels = [[0]], [[0]]
+    for node in range(1, len(parents)):
+        path = [*paths[parents[node]], node]
+        paths.append(path)
+        if len(path) > len(levels):
+            levels.append([])
+        levels[len(path) - 1].append(node)
+    width = len(levels)
+    return [path + [0] * (width - len(path)) for path in paths], levels
 
 
 def processors_for_row(logits_processor: LogitsProcessorList, row: int) -> LogitsProcessorList:

@@ -8,16 +8,23 @@ from __future__ import annotations
 
 import torch
 
-from ..verify import VERIFIERS
+from ..tree import to_device
+from ..verify import VERIFIER_STEPS, VERIFIERS, run_steps, run_together
 from .cache import commit_accepted_path
 from .processors import process_tree_logits
 
 
 def next_token(scores: torch.Tensor, do_sample: bool, generator=None) -> torch.LongTensor:
     """The target's own next token from processed scores `[1, V]` -> `[1]` (the prefill's root, a root-only
-    cycle's bonus)."""
+    cycle's bonus).
+
+    Sampling draws what `torch.multinomial(probs, 1)` draws, by the same exponential race and the same random
+    numbers (torch's one-sample path: argmax of p / Exp(1)), without its two host reads that check the
+    probabilities (a wait for the device each)."""
     if do_sample:
-        return torch.multinomial(torch.softmax(scores, dim=-1), 1, generator=generator)[0]
+        probs = torch.softmax(scores, dim=-1)
+        race = torch.empty_like(probs).exponential_(1, generator=generator)
+        return probs.div_(race).argmax(dim=-1, keepdim=True)[0]
     return scores.argmax(dim=-1)
 
 
@@ -32,16 +39,27 @@ def verify_tree(tree, logits, committed_ids, logits_processor, verify, generator
         `(path, bonus, processed)`: accepted node indices root first `[k + 1]` (host), the bonus token (0-dim,
         device) and the processed scores `[N, V]` (each verifier normalises only the rows it needs).
     """
+    return run_steps(verify_tree_steps(tree, logits, committed_ids, logits_processor, verify, generator))
+
+
+def verify_tree_steps(tree, logits, committed_ids, logits_processor, verify, generator):
+    """`verify_tree` as steps (`hf_tev.verify.run_steps`): it yields the one tensor its verifier reads. A verifier
+    without steps (`VERIFIER_STEPS`) is called as it is, with its own read."""
     processed = process_tree_logits(logits_processor, committed_ids, tree, logits)
     if tree.num_nodes == 1:  # the root alone, a plain decoding step: its bonus is the target's own next token
         bonus = next_token(processed, verify is not VERIFIERS["greedy"], generator)[0]
         return torch.zeros(1, dtype=torch.long), bonus, processed
-    path, bonus = verify(tree, processed, generator=generator)  # path on the host: the verifier's one host sync
+    steps = VERIFIER_STEPS.get(verify)
+    if steps is None:
+        path, bonus = verify(tree, processed, generator=generator)
+    else:  # path on the host: the verifier's one host sync
+        path, bonus = yield from steps(tree, processed, generator)
     return path, bonus, processed
 
 
 def verifier_stage(trees, logits, committed_ids, logits_processors, verify, generator, cache, past):
-    """Stage 4 for every row: `verify_tree` per row, then one commit of every row's path into the cache.
+    """Stage 4 for every row: `verify_tree` per row, then one commit of every row's path into the cache. On an
+    accelerator a batch's rows read their decisions together (`run_together`: one wait, not one per row).
 
     Args:
         logits (`torch.FloatTensor` of shape `(R, N, V)`): raw target logits of the tree pass, float32.
@@ -53,14 +71,15 @@ def verifier_stage(trees, logits, committed_ids, logits_processors, verify, gene
         `(paths, bonuses, processed, host_paths)`, one entry per row, as `verify_tree` returns them, and each path
         as a host list.
     """
-    paths, bonuses, processed = [], [], []
-    for i, tree in enumerate(trees):
-        path, bonus, scores = verify_tree(
-            tree, logits[i, : tree.num_nodes], committed_ids[i], logits_processors[i], verify, generator
-        )
-        paths.append(path)
-        bonuses.append(bonus)
-        processed.append(scores)
+    runs = (
+        verify_tree_steps(tree, logits[i, : tree.num_nodes], committed_ids[i], logits_processors[i], verify, generator)
+        for i, tree in enumerate(trees)
+    )
+    if logits.device.type == "cpu" or len(trees) == 1:  # reads cost no wait: row by row, each as it comes
+        results = [run_steps(run) for run in runs]
+    else:
+        results = run_together(list(runs))
+    paths, bonuses, processed = (list(column) for column in zip(*results, strict=True))
     # Whether every row kept its tree's first nodes 0..k (often: nodes are stored best first), so that nothing
     # moves in the cache. Read from the host paths: indices increase along a path from 0, so a path of k + 1
     # nodes is 0..k exactly when it ends at k.
@@ -72,10 +91,10 @@ def verifier_stage(trees, logits, committed_ids, logits_processors, verify, gene
     elif len(paths) == 1:  # one row: the columns out of place are copied one by one when they are few
         moves = [(node, j) for j, node in enumerate(host_paths[0]) if node != j]
         moves = moves if len(moves) <= 2 else None
-        commit_accepted_path(cache, past, paths[0].to(logits.device, non_blocking=True), False, moves)
+        commit_accepted_path(cache, past, to_device(paths[0], logits.device), False, moves)
     else:
         padded = torch.stack([_padded(path, longest) for path in paths])
-        commit_accepted_path(cache, past, padded.to(logits.device, non_blocking=True), False)
+        commit_accepted_path(cache, past, to_device(padded, logits.device), False)
     return paths, bonuses, processed, host_paths
 
 
