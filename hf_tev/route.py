@@ -142,7 +142,7 @@ def _given(value) -> bool:
 # generate arguments acted on before the decoder runs (or dropped on the callable route): (name, refused when, why)
 _REFUSED_ARGUMENTS = (
     ("speculation_type", _given, "transformers' own speculative path (for its DFlash chain path drop `tev_config`)"),
-    ("cache_implementation", lambda v: v not in (None, "dynamic"), "a cache other than a full-attention DynamicCache"),
+    ("cache_implementation", lambda v: v not in (None, "dynamic", "static"), "a cache other than dynamic or static"),
     ("synced_gpus", bool, "multi-GPU lockstep decoding (DeepSpeed ZeRO-3 / FSDP)"),
     ("negative_prompt_ids", _given, "classifier-free guidance"),
     ("negative_prompt_attention_mask", _given, "classifier-free guidance"),

@@ -39,6 +39,10 @@ class PromptTreeInputs:
         masks = tree_attention_masks(self.model, tree.depths, mask) if self.windowed else mask
         return tree.tokens[None], tree_pass_masks(self.model, trees, masks, tree.num_nodes), positions
 
+    def cache_length(self, cache: DynamicCache) -> int:
+        """The committed length (the cache's own count)."""
+        return cache.get_seq_length()
+
     def commit(self, lengths: list[int]) -> None:
         """Nothing to track: the cache keeps exactly the accepted path."""
 
@@ -88,6 +92,10 @@ class BatchTreeInputs:
         if self.model is not None:
             mask = tree_pass_masks(self.model, trees, mask, nodes)
         return tokens, mask, positions
+
+    def cache_length(self, cache: DynamicCache) -> int:
+        """The committed length (the cache's own count)."""
+        return cache.get_seq_length()
 
     def commit(self, lengths: list[int]) -> None:
         """The cache grew by the longest accepted path; row i keeps `lengths[i]` of those columns."""

@@ -15,6 +15,7 @@ from transformers.cache_utils import (
     DynamicLayer,
     DynamicSlidingWindowLayer,
     LinearAttentionLayer,
+    StaticCache,
 )
 from transformers.utils import logging
 
@@ -53,7 +54,7 @@ REFUSED_OPTIONS = (
     ("is_assistant", bool, "the model as another model's assistant"),
     ("output_attentions", bool, "returned attentions (output_scores / output_logits are returned)"),
     ("output_hidden_states", bool, "returned hidden states (output_scores / output_logits are returned)"),
-    ("cache_implementation", lambda v: v not in (None, "dynamic"), "a cache other than a full-attention DynamicCache"),
+    ("cache_implementation", lambda v: v not in (None, "dynamic", "static"), "a cache other than dynamic or static"),
     (
         "watermarking_config",
         lambda v: "synthid" in type(v).__name__.lower() or (isinstance(v, dict) and "ngram_len" in v),
@@ -208,7 +209,7 @@ def check_prompt(input_ids, attention_mask=None, position_ids=None) -> None:
 
 def check_cache(cache, input_ids) -> None:
     """A pre-filled cache to continue from: a full-attention DynamicCache that holds less than the sequence."""
-    if cache is None:
+    if cache is None or isinstance(cache, StaticCache):  # the static mode checks its own (generation/static.py)
         return
     # an empty sliding layer is made full-length; a dummy layer is one that reuses another's K/V (Gemma 4); the
     # linear-attention layers of a target check_tree_layers let through keep per-node states (TreeStateLayer)

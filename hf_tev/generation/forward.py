@@ -30,7 +30,7 @@ def prefill(model, drafter, input_ids, cache, attention_mask=None, position_ids=
         `[R, n - past, k * hidden]` of the new tokens (None without a drafter); pad columns are kept, each row's
         caller drops its own.
     """
-    past, length = cache.get_seq_length(), input_ids.shape[1]
+    past, length = int(cache.get_seq_length()), input_ids.shape[1]  # a StaticCache counts in a tensor it updates
     step = chunk_size or length - past
     features = []
     for start in range(past, length, step):
@@ -94,7 +94,7 @@ def probe_tree_costs(
     Returns:
         `(sizes, seconds)`.
     """
-    past = cache.get_seq_length()
+    past = int(cache.get_seq_length())  # a StaticCache counts in a tensor it updates in place
     clock = StageClock(roots[0].device)  # on CUDA it waits at each lap: once per call, its times at once
     seconds = []
     for size in sizes:

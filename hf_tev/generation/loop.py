@@ -37,6 +37,7 @@ from .forward import prefill, probe_tree_costs, prompt_positions, tree_forward
 from .hybrid import text_position_ids
 from .outputs import Outputs, StageClock, first_stop, host_eos_ids
 from .processors import processors_for_row, processors_for_tree
+from .static import StaticTreeInputs, check_static, static_cache, static_nodes, wants_static
 from .verifier import next_token, verifier_stage
 
 logger = logging.get_logger(__name__)
@@ -176,8 +177,8 @@ def start(model, drafter, input_ids, logits_processor, stopping_criteria, genera
     batch, device = input_ids.shape[0], input_ids.device
     attention_mask = model_kwargs.get("attention_mask")
     clock = StageClock(device, deferred=True)  # no wait per stage (`StageClock.settle`)
-    cache = full_length_cache(model, model_kwargs.get("cache"))  # sliding layers at full length, windowed by mask
-    past = cache.get_seq_length()
+    cache, padded_nodes = call_cache(model, generation_config, tev_config, model_kwargs.get("cache"), batch)
+    past = int(cache.get_seq_length())
     real = torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
     positions = model_kwargs.get("position_ids")
     positions = prompt_positions(real) if positions is None else positions
@@ -201,7 +202,7 @@ def start(model, drafter, input_ids, logits_processor, stopping_criteria, genera
             new_positions = new_positions[:, keep[past:]]
         tokens = input_ids[row.index, keep].tolist() if tev_config.lookup else None
         candidates.update_candidate_strategy(i, new, new_positions, tokens)
-    inputs = tree_pass_inputs(model, real, rows, cache, generation_config.max_length)
+    inputs = tree_pass_inputs(model, real, rows, cache, generation_config.max_length, padded_nodes)
     budget, probe_s = None, 0.0
     if tev_config.is_auto:
         budget = automatic_budget(model, drafter, tev_config, generation_config, batch)
@@ -256,11 +257,27 @@ def probe_once(budget, model, cache, inputs, rows: list[Row], hidden_indices, ma
     return time.perf_counter() - started
 
 
-def tree_pass_inputs(model, real: torch.Tensor, rows: list[Row], cache, max_length: int):
-    """The call's tree-pass inputs: one prompt's (its left padding hidden for good), or the batch's (each row's
-    hidden columns tracked as the cache grows), for the rows still decoding."""
+def call_cache(model, generation_config, tev_config, cache, batch: int):
+    """The call's target cache, and the node count its trees are padded to (None: not padded). By default a
+    DynamicCache whose sliding layers are kept at full length (windowed by the mask); with static shapes
+    (`cache_implementation="static"` or a StaticCache passed in) transformers' StaticCache, the trees padded to
+    the budget (`generation/static.py`)."""
+    if not wants_static(generation_config, cache):
+        return full_length_cache(model, cache), None
+    nodes = static_nodes(tev_config)
+    cache = static_cache(model, cache, generation_config.max_length, nodes)
+    check_static(model, cache, batch)
+    return cache, nodes
+
+
+def tree_pass_inputs(model, real: torch.Tensor, rows: list[Row], cache, max_length: int, padded_nodes=None):
+    """The call's tree-pass inputs: one prompt's (its left padding hidden for good; in static shapes with its
+    trees padded to `padded_nodes`), or the batch's (each row's hidden columns tracked as the cache grows), for
+    the rows still decoding."""
     if real.shape[0] == 1:
         pad_columns = None if bool(real.all()) else (~real[0]).nonzero(as_tuple=True)[0]
+        if padded_nodes is not None:
+            return StaticTreeInputs(model, padded_nodes, cache.get_max_length(), real.device, pad_columns)
         return PromptTreeInputs(model, max_length, real.device, pad_columns)
     inputs = BatchTreeInputs(~real, model.dtype, model)
     if len(rows) < real.shape[0]:
@@ -275,7 +292,7 @@ def decode_cycle(state: Decoding) -> None:
     decision, and one read of every row's bonus token (stops, the context index and the stage clock read the
     host tokens); nothing else reads the device or waits for it."""
     rows, cache, clock = state.rows, state.cache, state.clock
-    past = cache.get_seq_length()
+    past = state.inputs.cache_length(cache)
     # 1.-2. Draft and build. The tokens still allowed after the root bound each tree's depth (the bonus is one).
     max_depths = [state.generation_config.max_length - row.sequence.shape[1] - 1 for row in rows]
     roots, first_positions = [row.root for row in rows], [row.next_position for row in rows]
