@@ -115,12 +115,14 @@ class Decoder:
 
     def __init__(self, name, loop, drafter, timer):
         self.name, self.loop, self.drafter, self.timer = name, loop, drafter, timer
-        loop.decode_cycle = timer.wrap_cycle(loop.decode_cycle)  # `tree_speculative_decode` looks it up per call
+        loop.decode_cycle = timer.wrap_cycle(loop.decode_cycle)  # the loop looks it up per call
+        # the decoder's custom_generate entry, from its package (older versions kept it in the loop module)
+        self.entry = sys.modules[loop.__package__].tree_speculative_decode
         timer.wrap_drafter(drafter)
 
     def run(self, target, input_ids, fields, temperature, max_new_tokens):
         sampling = {"do_sample": True, "temperature": temperature, "top_k": 0} if temperature else {"do_sample": False}
-        decode = functools.partial(self.loop.tree_speculative_decode, drafter=self.drafter, tev_config=dict(fields))
+        decode = functools.partial(self.entry, drafter=self.drafter, tev_config=dict(fields))
         self.timer.reset()
         out = target.generate(
             input_ids,

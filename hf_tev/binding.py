@@ -4,9 +4,10 @@
 `HF_TEV_NO_PATCH=1` set before the import it wraps nothing, and `bind` gives tree decoding to one model instead.
 It sets that model's own `generate` (an attribute of the instance: its class, every other model and transformers
 stay as they are), which hands every call to the entry the route uses, `hf_tev.route.routed_generate`, with the
-bound drafter and `TEVConfig` as defaults. A bound model therefore takes and refuses exactly what the route does
-(docs/generate_options.md): streamers, `stop_strings` and `token_healing` (with `tokenizer=`), positional
-arguments, a passed `generation_config`, pipelines (which call `model.generate`), and the same refusals by name.
+bound drafter and `TEVConfig` as defaults; the call is then resolved once, by `hf_tev.generate_call.resolve_call`,
+as on the route. A bound model therefore takes and refuses exactly what the route does (docs/generate_options.md):
+streamers, `stop_strings` and `token_healing` (with `tokenizer=`), positional arguments, a passed
+`generation_config`, pipelines (which call `model.generate`), and the same refusals by name.
 
 The drafter is held by the binding, not registered as a submodule: `save_pretrained`, `state_dict` and
 `.to(...)` of the target do not see it. `unbind(model)` gives the model its class's `generate` back.
@@ -18,6 +19,7 @@ import types
 from dataclasses import dataclass
 from typing import Any
 
+from .generate_call import check_drafter_or_lookup
 from .route import as_keywords, positional_names, routed_generate
 
 BINDING_ATTRIBUTE = "_hf_tev_binding"
@@ -49,11 +51,9 @@ def bind(model, drafter=None, tev_config=None):
     if not callable(getattr(type(model), "generate", None)):
         raise TypeError(f"hf_tev.bind needs a model with transformers' generate, got {type(model).__name__}")
     tev_config = None if tev_config is None else TEVConfig.coerce(tev_config)
-    if drafter is None and (tev_config is None or tev_config.lookup is not True):
-        raise ValueError(
-            "hf_tev.bind needs a DFlash drafter (hf_tev.DFlashDraftModel), or tev_config=TEVConfig(lookup=True) "
-            "for tree lookup decoding without one."
-        )
+    # the binding holds for every call: without a drafter, context drafts must be asked for (lookup=True), not left
+    # to each call's `lookup="auto"`
+    check_drafter_or_lookup(drafter, tev_config is not None and tev_config.lookup is True)
     vars(model)[BINDING_ATTRIBUTE] = Binding(drafter, tev_config)
     # a method of this instance: a deep copy of the model is bound to the copy, not to this model
     vars(model)["generate"] = types.MethodType(bound_generate, model)

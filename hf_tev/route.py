@@ -4,10 +4,11 @@
 `tev_config=` (or `custom_generate=hf_tev.tree_speculative_decode`), or passes a DFlash drafter as
 `assistant_model=` (without `speculation_type="dflash"`, transformers' own chain path), becomes transformers'
 supported `custom_generate` call of the tree decoding loop, `hf_tev.generation.decode_with_trees`
-(`routed_generate`: the drafter, the config and the streamer bound; options generate would act on before the
-decoder are refused by name; token healing and stop strings done here, since transformers drops the tokenizer on
-that route); every other call passes through untouched. Without the route, `custom_generate=tree_speculative_decode`
-is transformers' own hook, and the decoder recovers or refuses what it drops (`hf_tev.generation.callable_route`).
+(`routed_generate`: the call read, coerced and checked once by `hf_tev.generate_call.resolve_call`, before
+generate acts on anything, and bound; token healing and stop strings done here, since transformers drops the
+tokenizer on that route); every other call passes through untouched. Without the route,
+`custom_generate=tree_speculative_decode` is transformers' own hook, whose entry resolves the call the same way
+from what reaches it (`hf_tev.generation.custom_generate`).
 The decoder (and transformers) load on the first routed call only.
 
 What keeps the route safe:
@@ -28,6 +29,7 @@ import importlib
 import inspect
 import sys
 
+from .generate_call import generate_option, resolve_call
 from .import_hooks import after_import
 
 _HOOKED_MODULE = "transformers.generation.utils"
@@ -87,78 +89,40 @@ def wants_tree_decoding(model, kwargs: dict) -> bool:
 def resolved_option(model, kwargs: dict, name: str):
     """The value of generate option `name` for a call, as generate resolves it: the keyword argument, else the
     passed `generation_config`'s, else the model's `generation_config`'s (None when unset everywhere)."""
-    if kwargs.get(name) is not None:
-        return kwargs[name]
-    for config in (kwargs.get("generation_config"), getattr(model, "generation_config", None)):
-        value = getattr(config, name, None)
-        if value is not None:
-            return value
-    return None
+    return generate_option(name, kwargs, generation_configs(model, kwargs))
+
+
+def generation_configs(model, kwargs: dict) -> tuple:
+    """The generation configs a `generate` call reads an option it does not pass from: its own, then the model's."""
+    return kwargs.get("generation_config"), getattr(model, "generation_config", None)
+
+
+# the arguments that name the tree decoder's inputs (read into the `TreeCall`), not handed on to generate
+_READ_BY_THE_ROUTE = ("tev_config", "custom_generate", "drafter", "assistant_model")
 
 
 def routed_generate(original, model, *args, **kwargs):
     """A `generate` call routed to the tree decoder (`hf_tev.route`), made transformers' `custom_generate` call
-    of the loop (`decode_with_trees`) with the drafter, the config and the streamer bound (transformers drops the
-    streamer and the tokenizer on the callable route, so `stop_strings` and `token_healing` are done here).
+    of the loop (`decode_with_trees`) with the resolved call bound (`hf_tev.generate_call.resolve_call`: the
+    drafter, the tree settings and the streamer; every refusal by name, before generate runs). transformers drops
+    the streamer and the tokenizer on the callable route, so `stop_strings` and `token_healing` are done here.
 
     The drafter is `assistant_model=` (or `drafter=` with `custom_generate=tree_speculative_decode`); the tree
     settings are `tev_config=`, else the generation config's `tev_config` (e.g. from `generation_config.json`),
-    else `TEVConfig()`. Options generate would act on before the decoder runs are refused here, by name.
+    else `TEVConfig()`.
     """
-    from .config import TEVConfig
     from .generation import decode_with_trees
-    from .generation.checks import check_prompt
+    from .generation.checks import check_prompt, refuse_encoded_inputs
 
-    tev_config = kwargs.pop("tev_config", None)
-    if tev_config is None:
-        tev_config = resolved_option(model, kwargs, "tev_config")
-    custom = kwargs.pop("custom_generate", None)
-    if custom is not None and not getattr(custom, "_hf_tev_decode", False):
-        raise ValueError("`tev_config` and `custom_generate` cannot be combined.")
-    drafter, assistant = kwargs.pop("drafter", None), kwargs.pop("assistant_model", None)
-    if drafter is not None and assistant is not None:
-        raise ValueError("Pass the DFlash drafter once: `assistant_model=` or `drafter=`, not both.")
-    drafter = assistant if drafter is None else drafter
-    tev_config = TEVConfig() if tev_config is None else TEVConfig.coerce(tev_config)
-    if drafter is None and not tev_config.lookup:
-        raise ValueError(
-            "`tev_config` needs `assistant_model=` a DFlash drafter (hf_tev.DFlashDraftModel), or "
-            "`TEVConfig(lookup=True)` for tree lookup decoding without a drafter."
-        )
-    _refuse_before_generate(model, kwargs)
+    call = resolve_call(kwargs, generation_configs(model, kwargs))
+    for name in _READ_BY_THE_ROUTE:
+        kwargs.pop(name, None)
+    refuse_encoded_inputs(model, kwargs)  # images / video: refused before generate runs the model's encoder
     check_prompt(_prompt_ids(args, kwargs), kwargs.get("attention_mask"), kwargs.get("position_ids"))
     args = _heal_tokens(model, args, kwargs)
     _stop_strings_as_criteria(model, kwargs)
-    decode = functools.partial(
-        decode_with_trees, drafter=drafter, tev_config=tev_config, streamer=kwargs.get("streamer")
-    )
+    decode = functools.partial(decode_with_trees, call=call)
     return original(model, *args, custom_generate=decode, **kwargs)
-
-
-def _given(value) -> bool:
-    return value is not None
-
-
-# generate arguments acted on before the decoder runs (or dropped on the callable route): (name, refused when, why)
-_REFUSED_ARGUMENTS = (
-    ("speculation_type", _given, "transformers' own speculative path (for its DFlash chain path drop `tev_config`)"),
-    ("cache_implementation", lambda v: v not in (None, "dynamic", "static"), "a cache other than dynamic or static"),
-    ("synced_gpus", bool, "multi-GPU lockstep decoding (DeepSpeed ZeRO-3 / FSDP)"),
-    ("negative_prompt_ids", _given, "classifier-free guidance"),
-    ("negative_prompt_attention_mask", _given, "classifier-free guidance"),
-    ("assistant_tokenizer", _given, "an assistant with another tokenizer (a DFlash drafter shares the target's)"),
-    ("inputs_embeds", _given, "decoding from embeddings (the drafter reads features of token ids)"),
-)
-
-
-def _refuse_before_generate(model, kwargs: dict) -> None:
-    from .generation.checks import refusal, refuse_encoded_inputs
-
-    for name, refused, what in _REFUSED_ARGUMENTS:
-        value = resolved_option(model, kwargs, name)
-        if refused(value):
-            raise refusal(name, value, what)
-    refuse_encoded_inputs(model, kwargs)  # images / video: refused before generate runs the model's encoder
 
 
 def _prompt_ids(args: tuple, kwargs: dict):

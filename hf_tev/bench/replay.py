@@ -53,7 +53,7 @@ def same_tree_verifier_stage(
         end = input_ids.shape[1] + max_new_tokens
         config = GenerationConfig(do_sample=True, max_length=end)
         stopping = StoppingCriteriaList([MaxLengthCriteria(end)])
-        tev_config = TEVConfig(budget=budget, verifier=driver, seed=seed + i)
+        tev_config = TEVConfig(budget=budget, verifier=driver, seed=seed + i).for_call(config, drafter is not None)
         state = start(target, drafter, input_ids, logits_processor, stopping, config, tev_config, None, {})
         state.tree_pass = every_verifier
         state.clock = StageClock(input_ids.device)  # each verifier's stage timed at its end (on CUDA: waits)

@@ -1,7 +1,7 @@
-"""What a tree-decoding call may ask for: every refusal names the option and comes before any model call.
+"""What the decoder checks of a prepared call: the drafter, the inputs generate prepared, the models and the cache.
 
-The refusals are data (`REFUSED_OPTIONS`, walked by docs/generate_options.md's test); the checks read shapes and
-settings only.
+Every refusal names the argument and comes before any model call. The call's options were refused when it was
+resolved (`hf_tev.generate_call`: one table, `REFUSED_OPTIONS`); the checks here read shapes and settings only.
 """
 
 from __future__ import annotations
@@ -29,38 +29,10 @@ TREE_ATTENTION = ("sdpa", "eager")  # implementations that take an arbitrary flo
 TREE_MEMORY_WARNING_BYTES = 1 << 30  # a call whose largest tree takes more per cycle warns with the estimate
 
 
-def is_set(value) -> bool:
-    return value is not None
-
-
 def is_unset(value) -> bool:
     return value is None or (isinstance(value, dict) and not value)
 
 
-# generate options (GenerationConfig fields) tree decoding refuses: (field, refused when, what the option asks for)
-REFUSED_OPTIONS = (
-    ("num_beams", lambda v: v not in (None, 1), "beam search (tree decoding keeps one sequence: num_beams=1)"),
-    ("num_return_sequences", lambda v: v not in (None, 1), "several sequences per prompt (one only)"),
-    ("constraints", is_set, "constrained beam search"),
-    ("force_words_ids", is_set, "constrained beam search"),
-    ("penalty_alpha", lambda v: v is not None and v > 0, "contrastive search"),
-    ("dola_layers", is_set, "DoLa decoding"),
-    ("guidance_scale", lambda v: v not in (None, 1), "classifier-free guidance (an unconditional forward per step)"),
-    ("use_mtp", bool, "multi-token-prediction self-speculation, another speculative method"),
-    ("prompt_lookup_num_tokens", is_set, "prompt lookup decoding, another speculative method"),
-    ("assistant_early_exit", is_set, "early-exit self-speculation, another speculative method"),
-    ("speculation_type", is_set, "transformers' own speculative path (for its DFlash chain path drop `tev_config`)"),
-    ("assistant_ensemble_weight", is_set, "ensemble verification, which is not lossless (hf_tev's verifiers are)"),
-    ("is_assistant", bool, "the model as another model's assistant"),
-    ("output_attentions", bool, "returned attentions (output_scores / output_logits are returned)"),
-    ("output_hidden_states", bool, "returned hidden states (output_scores / output_logits are returned)"),
-    ("cache_implementation", lambda v: v not in (None, "dynamic", "static"), "a cache other than dynamic or static"),
-    (
-        "watermarking_config",
-        lambda v: "synthid" in type(v).__name__.lower() or (isinstance(v, dict) and "ngram_len" in v),
-        "SynthID watermarking, whose processor keeps state across calls",
-    ),
-)
 # the model kwargs the decoder takes (`use_cache` and `logits_to_keep` it chooses itself per forward)
 MODEL_KWARGS = ("attention_mask", "position_ids", "cache", "use_cache", "logits_to_keep")
 # what the decoder calls on a drafter (hf_tev's DFlashDraftModel, or the adapter of a native one, models.dflash.native)
@@ -69,19 +41,12 @@ DRAFTER_INTERFACE = ("draft_logits", "check_target", "target_hidden_indices", "c
 ENCODED_MODALITIES = ("image", "video")
 
 
-def refusal(name: str, value, what: str) -> ValueError:
-    shown = repr(value) if isinstance(value, (str, int, float, bool)) else f"<{type(value).__name__}>"
-    return ValueError(f"`{name}={shown}` asks for {what}, which hf_tev's tree decoding does not support.")
-
-
 def check_supported(model, drafter, input_ids, generation_config, tev_config: TEVConfig, model_kwargs) -> None:
-    """Raise a clear error, naming the option, for everything the tree decoder cannot do exactly as plain
-    `generate`; warn when the largest tree takes much memory. Reads shapes and settings only (no model call)."""
-    check_drafter(drafter, tev_config)
-    for name, refused, what in REFUSED_OPTIONS:
-        value = getattr(generation_config, name, None)
-        if refused(value):
-            raise refusal(name, value, what)
+    """Raise a clear error, naming the argument, for everything of the prepared call (the drafter, the inputs, the
+    models, the cache) the tree decoder cannot do exactly as plain `generate` (the call's options were checked when
+    it was resolved: `hf_tev.generate_call.resolve_call`); warn when the largest tree takes much memory. Reads
+    shapes and settings only (no model call)."""
+    check_drafter(drafter)
     check_text_prompt(model, model_kwargs.get("mm_encoder_outputs") or {})
     check_inputs(input_ids, model_kwargs)
     if input_ids.shape[0] > 1:
@@ -92,14 +57,10 @@ def check_supported(model, drafter, input_ids, generation_config, tev_config: TE
     warn_tree_memory(model, drafter, generation_config, tev_config, input_ids.shape[0])
 
 
-def check_drafter(drafter, tev_config: TEVConfig) -> None:
-    """A DFlash drafter with its weights loaded (none for tree lookup decoding): hf_tev's own, or one transformers'
-    DFlash chain drives (`hf_tev.models.dflash.native.tree_drafter` made it hf_tev's interface before this check)."""
-    if drafter is None and not tev_config.lookup:
-        raise ValueError(
-            "`tev_config` needs `assistant_model=` a DFlash drafter (hf_tev.DFlashDraftModel), or "
-            "`TEVConfig(lookup=True)` for tree lookup decoding without a drafter."
-        )
+def check_drafter(drafter) -> None:
+    """A DFlash drafter with its weights loaded (none for tree lookup decoding, which `resolve_call` allowed): hf_tev's
+    own, or one transformers' DFlash chain drives (`hf_tev.models.dflash.native.tree_drafter` made it hf_tev's
+    interface before this check)."""
     if drafter is not None and not hasattr(drafter, "draft_logits"):
         raise TypeError(
             "`assistant_model` must be a DFlash drafter: hf_tev.DFlashDraftModel, or a drafter transformers' "
@@ -159,12 +120,8 @@ def refuse_encoded_inputs(model, kwargs: dict) -> None:
 
 
 def check_inputs(input_ids, model_kwargs) -> None:
-    """Text `input_ids` with left-padding masks only, and no model input the decoder would not pass on."""
-    if model_kwargs.get("inputs_embeds") is not None:
-        raise ValueError(
-            "`inputs_embeds` is not supported by hf_tev's tree decoding (the drafter reads the target's features "
-            "of token ids): pass `input_ids`."
-        )
+    """Text `input_ids` with left-padding masks only, and no model input the decoder would not pass on
+    (`inputs_embeds` is refused when the call is resolved)."""
     # generate sets `mm_encoder_outputs={}` (no pre-encoded images/audio) for a multimodal wrapper's text prompt
     unknown = sorted(k for k, v in model_kwargs.items() if not is_unset(v) and k not in MODEL_KWARGS)
     if unknown:

@@ -1,4 +1,4 @@
-"""The tree decoding loop, a transformers `custom_generate` callable: one decoding cycle for every batch size.
+"""The tree decoding loop of one resolved call (`decode_with_trees`): one decoding cycle for every batch size.
 
 A prompt is a batch of one: the same cycle decodes one prompt and R left-padded prompts, each row exactly as it
 would decode alone (docs/design.md#the-decoding-loop).
@@ -15,7 +15,6 @@ would decode alone (docs/design.md#the-decoding-loop).
 
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -23,14 +22,14 @@ from dataclasses import dataclass, field
 import torch
 from transformers.utils import logging
 
-from ..config import TEVConfig, TEVStats
+from ..config import TEVStats
+from ..generate_call import TreeCall
 from ..models.dflash.native import tree_drafter
 from ..target_layers import full_length_cache, settle_tree_states
 from ..tree import host_long, to_device
 from ..verify import VERIFIERS, coverage
 from .auto import TreeSizes, automatic_budget, probe_ratio
 from .cache import BatchTreeInputs, PromptTreeInputs
-from .callable_route import recovered_arguments
 from .candidates import TreeCandidateGenerator
 from .checks import check_batch, check_batch_target, check_supported
 from .forward import prefill, probe_tree_costs, prompt_positions, tree_forward
@@ -86,65 +85,18 @@ class Decoding:
         self.tree_pass = self.tree_pass or tree_pass_and_verify
 
 
-def tree_speculative_decode(
-    model,
-    input_ids: torch.LongTensor,
-    logits_processor,
-    stopping_criteria,
-    generation_config,
-    *,
-    drafter=None,
-    tev_config: TEVConfig | dict | None = None,
-    streamer=None,
-    tokenizer=None,
-    stop_strings=None,
-    token_healing=None,
-    **model_kwargs,
-):
-    """The tree decoding loop as a transformers `custom_generate` callable:
-    `generate(..., custom_generate=hf_tev.tree_speculative_decode, assistant_model=drafter)`.
-
-    hf_tev's route binds what transformers drops on this route and calls `decode_with_trees` itself. Without the
-    route, transformers calls this function directly: the drafter (`assistant_model=`), the streamer and the
-    generation config's `tev_config` are taken from the generate call, and what cannot work there (`stop_strings`,
-    `token_healing`: the tokenizer is dropped) is refused by name (`callable_route`). Arguments and returns:
-    `decode_with_trees`.
-    """
-    drafter, streamer, tev_config = recovered_arguments(
-        sys._getframe(1), generation_config, drafter, streamer, tev_config, stop_strings, token_healing
-    )  # the caller: transformers' generate, on its own callable route
-    return decode_with_trees(
-        model, input_ids, logits_processor, stopping_criteria, generation_config, drafter=drafter,
-        tev_config=tev_config, streamer=streamer, **model_kwargs,
-    )  # fmt: skip
-
-
-tree_speculative_decode._hf_tev_decode = True  # the route recognises this entry in `custom_generate=`
-
-
 def decode_with_trees(
-    model,
-    input_ids: torch.LongTensor,
-    logits_processor,
-    stopping_criteria,
-    generation_config,
-    *,
-    drafter=None,
-    tev_config: TEVConfig | dict | None = None,
-    streamer=None,
-    tokenizer=None,
+    model, input_ids: torch.LongTensor, logits_processor, stopping_criteria, generation_config, *, call: TreeCall,
     **model_kwargs,
-):
-    """The tree decoding loop, with the signature of a transformers `custom_generate` callable (the one hf_tev's
-    route binds its arguments to).
+):  # fmt: skip
+    """The tree decoding loop of one resolved call, with the signature of a transformers `custom_generate` callable
+    once `call` is bound (hf_tev's route binds it; `custom_generate.tree_speculative_decode` calls it).
 
     Args:
         input_ids (`torch.LongTensor` of shape `(R, prompt_length)`): the prompt (with a pre-filled `cache`, the
             whole sequence; only the tokens the cache does not hold are prefilled), or R > 1 left-padded prompts.
-        drafter (`DFlashDraftModel`): the drafter (`assistant_model=` on the `generate` route).
-        tev_config (`TEVConfig` or `dict`, *optional*): defaults to `TEVConfig()`.
-        streamer, tokenizer: as for `generate` (the route uses the tokenizer for `stop_strings` and
-            `token_healing`).
+        call (`hf_tev.generate_call.TreeCall`): the drafter, the `TEVConfig` and the streamer, read, coerced and
+            checked by `resolve_call` (every way into `generate` resolves its call there, once).
     Returns:
         `torch.LongTensor` of shape `(R, total_length)`, or a `TEVGenerateOutput` with
         `return_dict_in_generate=True`, whose `cache` holds every returned token but the last, as plain
@@ -152,9 +104,9 @@ def decode_with_trees(
         generate pads them, `tev_stats` is a list with each row's `TEVStats`, and no cache is returned (rows
         leave the cache as they stop).
     """
-    tev_config = TEVConfig() if tev_config is None else TEVConfig.coerce(tev_config)
-    tev_config = tev_config.for_call(generation_config, drafter is not None)  # lookup="auto" decided
-    drafter = tree_drafter(drafter)  # a drafter transformers' DFlash chain drives: fed as that chain feeds it
+    tev_config = call.tev_config.for_call(generation_config, call.drafter is not None)  # lookup="auto" decided
+    drafter = tree_drafter(call.drafter)  # a drafter transformers' DFlash chain drives: fed as that chain feeds it
+    streamer = call.streamer
     model_kwargs = text_position_ids(model_kwargs)  # a multimodal wrapper's rope axes of a text prompt: its text ids
     check_supported(model, drafter, input_ids, generation_config, tev_config, model_kwargs)
     if input_ids.shape[0] > 1:
@@ -172,8 +124,7 @@ def decode_with_trees(
 def start(model, drafter, input_ids, logits_processor, stopping_criteria, generation_config, tev_config, streamer,
           model_kwargs) -> Decoding:  # fmt: skip
     """Stage 0: prefill every prompt (each row's real tokens at positions 0, 1, ... as it would be alone), draw
-    each row's first root, and set up the call's state."""
-    tev_config = tev_config.for_call(generation_config, drafter is not None)
+    each row's first root, and set up the call's state. `tev_config.lookup` is decided (`TEVConfig.for_call`)."""
     batch, device = input_ids.shape[0], input_ids.device
     attention_mask = model_kwargs.get("attention_mask")
     clock = StageClock(device, deferred=True)  # no wait per stage (`StageClock.settle`)

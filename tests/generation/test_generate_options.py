@@ -133,11 +133,13 @@ CASES = {
     ],
     "cache": [
         ("greedy", lambda c: {"cache": DynamicCache(config=c.target.config)}),
-        ("refused", lambda c: {"cache": StaticCache(config=c.target.config, max_cache_len=64)}, None),
+        ("greedy", lambda c: {"cache": StaticCache(config=c.target.config, max_cache_len=64)}),
+        ("refused", lambda c: {"cache": DynamicCache(config=c.target.config, offloading=True)}, "offloaded"),
     ],
     "past_key_values": [
         ("greedy", lambda c: {"past_key_values": DynamicCache(config=c.target.config)}),
-        ("refused", lambda c: {"past_key_values": StaticCache(config=c.target.config, max_cache_len=64)}, "cache"),
+        ("greedy", lambda c: {"past_key_values": StaticCache(config=c.target.config, max_cache_len=64)}),
+        ("refused", lambda c: {"past_key_values": DynamicCache(config=c.target.config, offloading=True)}, "offloaded"),
     ],
     "inputs_embeds": [("refused", lambda c: {"inputs_embeds": c.target.get_input_embeddings()(PROMPT)}, None)],
     "model_kwargs": [("refused", lambda c: {"labels": PROMPT}, "labels")],
@@ -157,7 +159,8 @@ CASES = {
     "use_cache": [("greedy", lambda c: {"use_cache": False})],
     "cache_implementation": [
         ("greedy", lambda c: {"cache_implementation": "dynamic"}),
-        ("refused", lambda c: {"cache_implementation": "static"}, None),
+        ("greedy", lambda c: {"cache_implementation": "static"}),
+        ("refused", lambda c: {"cache_implementation": "offloaded"}, None),
         ("refused", lambda c: {"cache_implementation": "paged"}, None),
     ],
     "cache_config": [("greedy", lambda c: {"cache_config": {"nbits": 4}})],

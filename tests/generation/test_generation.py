@@ -441,25 +441,14 @@ def test_bad_inputs():
     assistant = make_target("qwen3", num_layers=1)
     with pytest.raises(TypeError, match="DFlash"):
         greedy(target, prompt, max_new_tokens=4, assistant_model=assistant, tev_config=TEVConfig())
-    from transformers import StaticCache
-
-    with pytest.raises(ValueError, match="cache"):
+    with pytest.raises(ValueError, match="cache"):  # static caches: tests/generation/test_static.py
         greedy(
             target,
             prompt,
             max_new_tokens=4,
             assistant_model=drafter,
             tev_config=TEVConfig(),
-            cache=StaticCache(config=target.config, max_cache_len=64),
-        )
-    with pytest.raises(ValueError, match="cache"):
-        greedy(
-            target,
-            prompt,
-            max_new_tokens=4,
-            assistant_model=drafter,
-            tev_config=TEVConfig(),
-            cache_implementation="static",
+            cache_implementation="offloaded",
         )
     target.config._attn_implementation = "flash_attention_2"  # not installed here; the check comes first
     with pytest.raises(ValueError, match="sdpa"):

@@ -425,7 +425,7 @@ def test_generation_config_and_assistant_model_passed_by_position_are_seen_by_th
     assert out.sequences.tolist() == expected.tolist() and max(out.tev_stats.tree_sizes) == 2
     # options the route refuses are found in a positional config too
     with pytest.raises(ValueError, match="cache_implementation"):
-        target.generate(PROMPT, GenerationConfig(max_new_tokens=4, cache_implementation="static"), tev_config={})
+        target.generate(PROMPT, GenerationConfig(max_new_tokens=4, cache_implementation="offloaded"), tev_config={})
     with pytest.raises(TypeError, match="multiple values for argument 'generation_config'"):
         target.generate(PROMPT, config, generation_config=config, assistant_model=drafter)
 
