@@ -117,6 +117,7 @@ def main(argv=None) -> None:
     from hf_tev.training.draft_vocab import response_token_counts
 
     target = AutoModelForCausalLM.from_pretrained(packaged_model_path(TARGET), dtype=torch.float32).eval()
+    target.requires_grad_(False)  # frozen, as ExitTrainer holds it (its head rows are then gathered once)
     vocab = target.get_output_embeddings().weight.shape[0]
     shards = read_shards()
     train, held_out = [row for shard in shards[:-1] for row in shard], shards[-1]

@@ -125,6 +125,18 @@ def test_the_head_rows_follow_a_changed_head(target):
             head.weight.copy_(saved)
 
 
+def test_the_head_rows_are_gathered_once_while_decoding(target):
+    """A target's weights require grad even where it only decodes: under no_grad the rows are gathered once; where
+    autograd records (a head being trained), every call gathers them, with their gradient."""
+    drafter = vocab_drafter(target)
+    head = target.get_output_embeddings()
+    assert head.weight.requires_grad
+    with torch.no_grad():
+        assert drafter._draft_head_rows(head)[0] is drafter._draft_head_rows(head)[0]
+    rows = drafter._draft_head_rows(head)[0]
+    assert rows.requires_grad and rows is not drafter._draft_head_rows(head)[0]
+
+
 def test_removing_the_vocabulary_scores_every_token_again(target):
     drafter = vocab_drafter(target)
     drafter.set_draft_vocab(None)

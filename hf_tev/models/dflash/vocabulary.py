@@ -137,12 +137,16 @@ class DraftVocabularyMixin:
     def _draft_head_rows(self, head) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The head's rows (and bias) of the draft vocabulary. Gathered once and kept while the head's weight and
         the vocabulary stay the same tensors, unchanged (their version counters), since a copy of the rows costs
-        as much as scoring a few block rows with them; gathered afresh where the head is being trained."""
+        as much as scoring a few block rows with them (a target's weights require grad even where it only
+        decodes: what counts is whether autograd records); gathered afresh where the head is being trained."""
+        trained = head.weight.requires_grad and torch.is_grad_enabled()  # rows gathered under autograd
         key = (head.weight.data_ptr(), head.weight._version, self.d2t.data_ptr(), self.d2t._version, head.weight.device)
         memo = self._head_rows_memo
-        if memo is not None and memo[0] == key and not head.weight.requires_grad:
+        if memo is not None and memo[0] == key and not trained:
             return memo[1]
         ids = self.draft_vocab.to(head.weight.device)
         rows = (head.weight[ids], None if head.bias is None else head.bias[ids])
-        self._head_rows_memo = (key, rows) if not head.weight.requires_grad else None
+        if not trained:
+            rows = tuple(None if part is None else part.detach() for part in rows)
+        self._head_rows_memo = None if trained else (key, rows)
         return rows
