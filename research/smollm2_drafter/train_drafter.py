@@ -79,7 +79,7 @@ def record_progress(run: Path, out: Path, commit: bool, recorded: str | None) ->
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--run", default="dflash-l2-b8-v8k", help="the run's folder under runs/")
+    parser.add_argument("--run", default="dflash-l3-b8-v8k", help="the run's folder under runs/")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--stop_at", default=None, help="HH:MM: stop the training process then")
     parser.add_argument("--commit", action="store_true", help="commit each checkpoint's trainer_state.json")
