@@ -62,21 +62,50 @@ class BatchTreeInputs:
     at their own position ids, so its attention is the one it would have alone (the hidden columns add exact
     zeros). `compact` removes holes once they are a large share of the cache; `select` drops finished rows.
 
+    The mask and `hidden` live in buffers that stay put across cycles (allocated again only when a tree or the
+    cache outgrows them, or rows leave): each cycle writes the columns committed since the last one and its own
+    tree block, and hands out a view, instead of a new `[R, 1, N, past + N]` mask that grows with the context.
+
     Args:
         hidden (`torch.BoolTensor` of shape `(R, C)`): committed columns each row must not see.
         dtype (`torch.dtype`): the target's floating dtype (the additive mask's).
         model (*optional*): the target, whose linear-attention layers read the trees' structure
             (`hybrid.tree_pass_masks`).
+        max_length (`int`, *optional*): the call's longest sequence, which sizes the buffers once.
     """
 
-    def __init__(self, hidden: torch.Tensor, dtype: torch.dtype, model=None):
-        self.hidden, self.dtype, self.min = hidden, dtype, torch.finfo(dtype).min
-        self.model = model
+    def __init__(self, hidden: torch.Tensor, dtype: torch.dtype, model=None, max_length: int = 0):
+        self.dtype, self.min, self.model, self.max_length = dtype, torch.finfo(dtype).min, model, max_length
         self.visible = (~hidden).sum(dim=1).tolist()  # each row's visible columns, kept on the host (one read)
+        self._set_hidden(hidden)
+
+    def _set_hidden(self, hidden: torch.Tensor) -> None:
+        """`hidden` into a new buffer with room for the call's columns; the mask is rebuilt from it."""
+        capacity = max(hidden.shape[1], self.max_length) + 64
+        self.hidden_buffer = hidden.new_zeros(hidden.shape[0], capacity)
+        self.hidden_buffer[:, : hidden.shape[1]] = hidden
+        self.hidden = self.hidden_buffer.narrow(1, 0, hidden.shape[1])
+        self.mask_buffer, self.synced = None, 0  # `synced`: leading columns written from `hidden`
+
+    def _mask(self, past: int, nodes: int) -> torch.Tensor:
+        """The mask buffer `[R, 1, rows, columns]` with columns `0 .. past` written from `hidden` for every
+        query row (only those committed since the last cycle are written now)."""
+        buffer = self.mask_buffer
+        if buffer is None or nodes > buffer.shape[2] or past + nodes > buffer.shape[3]:
+            rows = nodes if buffer is None else max(nodes, buffer.shape[2])
+            columns = max(past, self.max_length, self.hidden_buffer.shape[1]) + rows
+            buffer = torch.zeros(self.hidden.shape[0], 1, rows, columns, dtype=self.dtype, device=self.hidden.device)
+            self.mask_buffer, self.synced = buffer, 0
+        if past > self.synced:
+            new = self.hidden[:, None, None, self.synced : past]
+            buffer[..., self.synced : past] = torch.where(new, self.min, 0.0).to(self.dtype)
+            self.synced = past
+        return buffer
 
     def __call__(self, trees: list[DraftTree], past: int, first_positions: list[int]):
         """`(tokens [R, N], mask [R, 1, N, past + N], position_ids [R, N])` for the rows' trees padded to the
-        largest node count N. A padding node sees only itself and no node sees it; its outputs are ignored."""
+        largest node count N (the mask a view of the buffer, valid until the next call). A padding node sees
+        only itself and no node sees it; its outputs are ignored."""
         rows, nodes, device = len(trees), max(tree.num_nodes for tree in trees), self.hidden.device
         tokens = torch.zeros(rows, nodes, dtype=torch.long, device=device)
         depths = torch.zeros(rows, nodes, dtype=torch.long, device=device)
@@ -85,9 +114,10 @@ class BatchTreeInputs:
             n = tree.num_nodes
             tokens[i, :n], depths[i, :n] = tree.tokens, tree.depths
             visible[i, :n, :n] = tree.visibility
-        mask = torch.zeros(rows, 1, nodes, past + nodes, dtype=self.dtype, device=device)
-        mask[..., :past].masked_fill_(self.hidden[:, None, None, :past], self.min)
-        mask[:, 0, :, past:].masked_fill_(~visible, self.min)
+        buffer = self._mask(past, nodes)
+        block = buffer[:, 0, :nodes, past : past + nodes]  # [R, N, N]
+        block.fill_(self.min).masked_fill_(visible, 0.0)
+        mask = buffer[:, :, :nodes, : past + nodes]
         positions = depths + to_device(host_long(first_positions), device)[:, None]
         if self.model is not None:
             mask = tree_pass_masks(self.model, trees, mask, nodes)
@@ -99,14 +129,18 @@ class BatchTreeInputs:
 
     def commit(self, lengths: list[int]) -> None:
         """The cache grew by the longest accepted path; row i keeps `lengths[i]` of those columns."""
-        window = torch.arange(max(lengths), device=self.hidden.device)
+        start, kept = self.hidden.shape[1], max(lengths)
+        if start + kept > self.hidden_buffer.shape[1]:
+            self._set_hidden(self.hidden)
+        window = torch.arange(kept, device=self.hidden.device)
         holes = window[None] >= to_device(host_long(lengths), self.hidden.device)[:, None]  # [R, K]
-        self.hidden = torch.cat([self.hidden, holes], dim=1)
+        self.hidden_buffer[:, start : start + kept] = holes
+        self.hidden = self.hidden_buffer.narrow(1, 0, start + kept)
         self.visible = [count + length for count, length in zip(self.visible, lengths, strict=True)]
 
     def select(self, cache: DynamicCache, keep: list[int]) -> None:
         """Keep only rows `keep` (in that order) of the cache and the mask state."""
-        self.hidden = select_rows(cache, self.hidden, keep)
+        self._set_hidden(select_rows(cache, self.hidden, keep))
         self.visible = [self.visible[i] for i in keep]
 
     def compact(self, cache: DynamicCache, min_share: float = 0.25) -> bool:
@@ -114,7 +148,7 @@ class BatchTreeInputs:
         hidden = compact_columns(cache, self.hidden, min_share, max(self.visible, default=0))
         if hidden is None:
             return False
-        self.hidden = hidden
+        self._set_hidden(hidden)
         return True
 
 

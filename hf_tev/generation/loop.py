@@ -230,7 +230,7 @@ def tree_pass_inputs(model, real: torch.Tensor, rows: list[Row], cache, max_leng
         if padded_nodes is not None:
             return StaticTreeInputs(model, padded_nodes, cache.get_max_length(), real.device, pad_columns)
         return PromptTreeInputs(model, max_length, real.device, pad_columns)
-    inputs = BatchTreeInputs(~real, model.dtype, model)
+    inputs = BatchTreeInputs(~real, model.dtype, model, max_length)
     if len(rows) < real.shape[0]:
         inputs.select(cache, [row.index for row in rows])
     return inputs

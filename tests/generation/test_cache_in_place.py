@@ -67,3 +67,29 @@ def test_a_decoding_call_keeps_its_cache_storage_across_cycles(monkeypatch):
         cycles, storages = len(pointers), len(dict.fromkeys(pointers))
         # the prefill's buffer holds 256 positions more; past them it grows once, by as much again
         assert cycles >= 30 and storages == 2, (cycles, storages)
+
+
+def test_a_batchs_tree_mask_stays_put_across_cycles(monkeypatch):
+    """The batch path writes each cycle's tree block and newly committed columns into one mask buffer: over a
+    call of many cycles the masks handed to the tree pass share one storage, and every row equals its prompt
+    decoded alone."""
+    import hf_tev.generation.loop as loop
+
+    target = make_target("qwen3")
+    prompts = torch.tensor([[0, 0, 5, 17, 33], [8, 61, 12, 9, 40]])
+    mask = (prompts != 0).long()
+    expected = greedy(target, prompts, attention_mask=mask, max_new_tokens=60)
+    storages = []
+    tree_forward = loop.tree_forward
+
+    def recording(model, tokens, cache, masks, positions, hidden_indices):
+        storages.append(masks.untyped_storage().data_ptr())
+        return tree_forward(model, tokens, cache, masks, positions, hidden_indices)
+
+    monkeypatch.setattr(loop, "tree_forward", recording)
+    out = target.generate(
+        prompts, attention_mask=mask, max_new_tokens=60, assistant_model=make_drafter(target),
+        tev_config=TEVConfig(budget=4, lookup=False), do_sample=False,
+    )  # fmt: skip
+    assert out.tolist() == expected.tolist()
+    assert len(storages) >= 20 and len(set(storages)) <= 2, (len(storages), len(set(storages)))
