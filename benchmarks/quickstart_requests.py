@@ -6,10 +6,11 @@ side in one process.
 
 Each candidate is a short request of one kind: editing a given piece of text or code, whose answer repeats much of
 it (hf_tev's context drafts find those continuations in the prompt; the drafter drafts the rest). Each has a check
-of its answer: a string a right answer must contain, and strings it must not. Per candidate, plain `generate` and
-hf_tev's tree decoding (`TEVConfig()`, greedy, `--max_new_tokens`) run interleaved `--repeats` times after one
-warm-up; the figures are the SR of the summed times and of the medians, the worst and best run's SR, tau, and
-whether the tokens equal plain `generate`'s (they must) and the answer passes its check.
+of its answer: strings a right answer contains (one of a few alternatives), and strings it must not. Per
+candidate, plain `generate` and hf_tev's tree decoding (`TEVConfig()`, greedy, `--max_new_tokens`) run
+interleaved `--repeats` times after one warm-up; the figures are the SR of the summed times and of the medians,
+the worst and best run's SR, tau, and whether the tokens equal plain `generate`'s (they must) and the answer
+passes its check.
 
 The quick start takes the candidate with a right answer whose worst run's SR is highest: a request on which the
 speedup is real in every run, not one lucky run. What to expect elsewhere is the spread over every candidate
@@ -33,7 +34,7 @@ CANDIDATES = [
         "request": "Fix the bug in this Python function and show the corrected function:\n\n```python\n"
         "def average(values):\n    total = 0\n    for value in values:\n        total += value\n"
         "    return total / len(value)\n```",
-        "right": ["len(values)"],
+        "right": [["len(values)"]],
         "wrong": ["len(value)\n", "len(value) "],
     },
     {
@@ -41,56 +42,58 @@ CANDIDATES = [
         "request": "Fix the bug in this Python function and show the corrected function:\n\n```python\n"
         "def largest(numbers):\n    best = numbers[0]\n    for number in numbers:\n        if number < best:\n"
         "            best = number\n    return best\n```",
-        "right": ["number > best"],
+        "right": [["number > best"], ["max(numbers)"]],
         "wrong": [],
     },
     {
         "name": "rename-variable",
         "request": "Rename the variable `x` to `count` in this Python code and show the whole code:\n\n```python\n"
         "x = 0\nfor word in words:\n    if word.startswith('a'):\n        x += 1\nprint(x)\n```",
-        "right": ["count += 1", "print(count)"],
+        "right": [["count += 1", "print(count)"]],
         "wrong": ["x += 1"],
     },
     {
         "name": "add-type-hints",
         "request": "Add type hints to this Python function and show it:\n\n```python\n"
         "def greet(name, times):\n    return ', '.join(['Hello ' + name] * times)\n```",
-        "right": ["name: str", "times: int"],
+        "right": [["name: str", "times: int"]],
         "wrong": [],
     },
     {
         "name": "to-comprehension",
         "request": "Rewrite this loop as a list comprehension:\n\n```python\nsquares = []\nfor n in range(10):\n"
         "    squares.append(n * n)\n```",
-        "right": ["[n * n for n in range(10)]"],
+        "right": [["[n * n for n in range(10)]"], ["[n**2 for n in range(10)]"]],
         "wrong": [],
     },
     {
         "name": "fix-spelling",
         "request": "Correct the spelling mistakes in this sentence and write it out: "
         '"The quick brown fox jumpd over the lazy dog becuase it was realy happy."',
-        "right": ["jumped", "because", "really"],
+        "right": [["jumped", "because", "really"]],
         "wrong": ["jumpd", "becuase"],
     },
     {
         "name": "uppercase-list",
         "request": "Rewrite this shopping list with every item in capital letters:\n"
         "- apples\n- bread\n- milk\n- cheese\n- tomatoes",
-        "right": ["APPLES", "BREAD", "MILK", "CHEESE", "TOMATOES"],
+        "right": [["APPLES", "BREAD", "MILK", "CHEESE", "TOMATOES"]],
         "wrong": [],
     },
     {
         "name": "json-from-text",
         "request": "Write this as a JSON object with the keys name, age and city: "
         "Anna is 34 years old and lives in Lisbon.",
-        "right": ['"name"', '"Anna"', "34", '"Lisbon"'],
+        "right": [['"name"', '"Anna"', "34", '"Lisbon"']],
         "wrong": [],
     },
 ]
 
 
 def check(answer: str, candidate: dict) -> bool:
-    return all(s in answer for s in candidate["right"]) and not any(s in answer for s in candidate["wrong"])
+    """Right: every string of one of the `right` alternatives is in the answer, and no `wrong` string is."""
+    right = any(all(s in answer for s in strings) for strings in candidate["right"])
+    return right and not any(s in answer for s in candidate["wrong"])
 
 
 def timed(function):
