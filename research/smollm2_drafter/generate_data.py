@@ -8,7 +8,8 @@ ended (the rest are kept, marked `"complete": false`). A shard is written to `da
 renamed whole, and (with `--commit`) committed once, alone. A rerun skips every finished shard and starts the first
 missing one, so a stopped job loses at most the shard it was in; with the same torch build and thread count a
 shard is rewritten token for token. `--stop_at` ends the job cleanly at a wall-clock time (`HH:MM`). Two jobs share
-the shards with `--every 2 --offset 0` and `--every 2 --offset 1` (one core each).
+the shards with `--every 2 --offset 0` and `--every 2 --offset 1` (one core each); a job skips a shard another
+job holds (`shard_KKKKK.lock`).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from datetime import datetime
 from pathlib import Path
 
 import torch
+from filelock import FileLock, Timeout
 from torch.nn.utils.rnn import pad_sequence
 from transformers import AutoModelForCausalLM, AutoTokenizer, StoppingCriteria, StoppingCriteriaList
 
@@ -99,6 +101,11 @@ def main() -> None:
     for index in range((len(prompts) + SHARD_PROMPTS - 1) // SHARD_PROMPTS):
         if index % args.every != args.offset or (HERE / "data" / f"shard_{index:05d}.jsonl").exists():
             continue
+        lock = FileLock(str(HERE / "data" / f"shard_{index:05d}.lock"))
+        try:  # another job is writing this shard: leave it to that job
+            lock.acquire(timeout=0)
+        except Timeout:
+            continue
         if args.stop_at and datetime.now().strftime("%H:%M") >= args.stop_at:
             print(f"stopping before shard {index} ({args.stop_at})")
             return
@@ -117,6 +124,7 @@ def main() -> None:
                              "input_ids": encoded[k] + response, "prompt_length": len(encoded[k]),
                              "complete": complete})  # fmt: skip
         write_shard(index, rows, args.commit)
+        lock.release()
         tokens = sum(len(r["input_ids"]) - r["prompt_length"] for r in rows)
         seconds = time.perf_counter() - started
         print(f"shard {index}: {tokens} response tokens in {seconds:.0f} s ({tokens / seconds:.1f} tok/s)", flush=True)

@@ -58,8 +58,10 @@ def joined_rows(run: Path, shards: list[str]) -> Path:
 
 
 def last_checkpoint(out: Path) -> Path | None:
-    checkpoints = sorted(out.glob("checkpoint-*"), key=lambda path: int(path.name.split("-")[1]))
-    return checkpoints[-1] if checkpoints else None
+    """The newest whole checkpoint: `Trainer` writes trainer_state.json last, so one without it was cut off (the
+    job stopped while saving) and is passed over."""
+    checkpoints = [path for path in out.glob("checkpoint-*") if (path / "trainer_state.json").is_file()]
+    return max(checkpoints, key=lambda path: int(path.name.split("-")[1]), default=None)
 
 
 def record_progress(run: Path, out: Path, commit: bool, recorded: str | None) -> str | None:
@@ -92,7 +94,7 @@ def main() -> None:
     command += ["--train_data", str(rows)]
     command += ["--feature_cache", str(run / "features"), "--output_dir", str(out), "--threads", str(args.threads)]
     if last_checkpoint(out) is not None:
-        command += ["--resume_from_checkpoint", "last"]
+        command += ["--resume_from_checkpoint", str(last_checkpoint(out))]
     command += overrides
     print(" ".join(command), flush=True)
     process = subprocess.Popen(command, cwd=REPO)
