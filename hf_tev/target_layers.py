@@ -162,27 +162,41 @@ class BufferLayer(DynamicLayer):
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         super().lazy_initialization(key_states, value_states)
         self.key_buffer = self.value_buffer = None
+        self.views = None  # the `(keys, values)` views of the buffers this layer handed out last
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         length = self.get_seq_length()
         end = length + key_states.shape[-2]
-        if not self._in_buffer() or end > self.key_buffer.shape[-2]:
+        if not self.in_buffer() or end > self.key_buffer.shape[-2]:
             self._rebuffer(key_states, value_states, length, end)
         self.key_buffer[..., length:end, :].copy_(key_states)
         self.value_buffer[..., length:end, :].copy_(value_states)
-        self.keys, self.values = self.key_buffer.narrow(-2, 0, end), self.value_buffer.narrow(-2, 0, end)
+        self.narrow_to(end)
         return self.keys, self.values
 
-    def _in_buffer(self) -> bool:
-        """Whether `keys` / `values` are still views of the buffer's first positions (not replaced since)."""
-        if self.key_buffer is None or self.keys.numel() == 0:
-            return self.key_buffer is not None
-        return all(
-            view.data_ptr() == buffer.data_ptr() and view.stride() == buffer.stride()
-            for view, buffer in ((self.keys, self.key_buffer), (self.values, self.value_buffer))
-        )
+    def crop(self, max_length: int) -> None:
+        """transformers' crop (a negative `max_length` removes that many positions), as a narrower view."""
+        length = self.get_seq_length()
+        max_length = length + max_length if max_length < 0 else max_length
+        if length <= max_length:
+            return
+        if self.in_buffer():
+            self.narrow_to(max_length)
+        else:
+            super().crop(max_length)
+
+    def narrow_to(self, length: int) -> None:
+        """`keys` / `values` become the buffers' first `length` positions (a crop, or the end of an update)."""
+        self.keys, self.values = self.key_buffer.narrow(-2, 0, length), self.value_buffer.narrow(-2, 0, length)
+        self.views = (self.keys, self.values)
+
+    def in_buffer(self) -> bool:
+        """Whether `keys` / `values` are still the views this layer handed out (anything that replaced them, a row
+        selection, a reorder, transformers' own crop, gave new tensors): one identity check per update, which
+        runs for every layer of every forward."""
+        return self.views is not None and self.keys is self.views[0] and self.values is self.views[1]
 
     def _rebuffer(self, key_states, value_states, length: int, end: int) -> None:
         """New storage for `end` positions and as many again as it had (at least HEADROOM), holding the tokens: the

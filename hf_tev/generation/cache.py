@@ -227,7 +227,9 @@ def crop_to(cache: DynamicCache, length: int) -> None:
         cache.crop(-excess)
     elif excess:
         for layer in cache.layers:
-            if type(layer) in (DynamicLayer, BufferLayer) and layer.keys is not None:
+            if type(layer) is BufferLayer and layer.in_buffer():
+                layer.narrow_to(length)
+            elif type(layer) in (DynamicLayer, BufferLayer) and layer.keys is not None:
                 layer.keys, layer.values = layer.keys.narrow(-2, 0, length), layer.values.narrow(-2, 0, length)
             else:
                 layer.crop(-excess)
