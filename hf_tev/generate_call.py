@@ -33,8 +33,8 @@ def is_set(value) -> bool:
 
 # generate options tree decoding refuses: (name, refused when, what the option asks for). Arguments of `generate` and
 # `GenerationConfig` fields alike: `resolve_call` reads each as generate resolves it, before generate acts on it
-# (it would build an offloaded or quantized cache, run classifier-free guidance's second prompt, or drop the option on its way to a
-# callable `custom_generate`).
+# (it would build an offloaded or quantized cache, run classifier-free guidance's second prompt, or drop the option
+# on its way to a callable `custom_generate`).
 REFUSED_OPTIONS = (
     ("num_beams", lambda v: v not in (None, 1), "beam search (tree decoding keeps one sequence: num_beams=1)"),
     ("num_return_sequences", lambda v: v not in (None, 1), "several sequences per prompt (one only)"),
