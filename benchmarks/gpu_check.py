@@ -1,30 +1,45 @@
 """The prepared GPU check: what only an accelerator shows, in one short run with nothing downloaded.
 
-    python benchmarks/gpu_check.py --device cuda --output gpu_check.json          # about 3-6 minutes on one GPU
-    python benchmarks/gpu_check.py --device cpu --shape tiny --max-tokens 16      # the same code, in seconds (tests)
+    bash benchmarks/gpu_check.sh                                             # on the device (docs/bench.md#on-a-gpu)
+    python benchmarks/gpu_check.py --device cuda --output gpu_check.json     # the same, without the install step
+    python benchmarks/gpu_check.py --device cpu --shape tiny ...             # the whole plan at tiny shapes (tests)
 
-1. **Tree-pass cost curve.** A randomly initialised target of Qwen3-4B's shape (36 layers, hidden 2560, 32 heads /
-   8 KV heads of 128, MLP 9728, vocabulary 151,936) in bf16: the time of one tree pass over n = 1, 2, 4, ...,
-   `--max-tokens` tokens after a `--context`-token prompt, against one token (the ratio is what a tree costs).
-2. **hf_tev's per-cycle overhead** against the forward: tree decoding with a random drafter of the same shape at
-   fixed budgets and "auto"; stage times per cycle from `TEVStats` (build + verifier stage vs the model forwards).
-3. **What `budget="auto"` chooses under that cost curve**, with the drafter path probabilities and the
-   acceptance calibration measured on the tiny kit (its drafter is real, the kit ships it): every kit tree's
-   nested sizes scored with the GPU cost curve (the CPU's for comparison), the chosen size and the
-   predicted tokens per second against each fixed budget.
-4. **Greedy exactness of the kit on the device**: tree decoding (auto and fixed budgets, every verifier at T = 0)
-   equals the kit target's own greedy `generate`.
+The question it answers: what speedup (SR) does hf_tev reach on a Qwen3-4B-shaped target at the paper's tau?
+Sections, in order of priority (a `--time-budget` guard skips the later ones, and the JSON is rewritten after
+every section, so a run cut short still leaves what it measured):
 
-Writes one JSON document (`--output`) and prints a summary.
+1. `tree_pass`: a randomly initialised target of Qwen3-4B's shape (36 layers, hidden 2560, 32 heads / 8 KV heads
+   of 128, MLP 9728, vocabulary 151,936) in bf16: the seconds of one tree pass over n tokens after a `--context`-
+   token prompt, n = 1, 2, 4, ..., `--max-tokens` and `--budget` + 1 (the pass a tree of the budget makes).
+2. `modes.eager`: plain `generate`, hf_tev and transformers' own DFlash chain on that target, with a drafter of the
+   published DFlash layout's depth (5 layers, blocks of 16, random weights) made an oracle: it knows the target's
+   greedy continuation `--oracle-depth` tokens deep (then it is the random drafter), so every cycle accepts about
+   `--oracle-depth` tokens and the cache commit moves real entries. Per method: seconds per step / cycle as the
+   difference of two output lengths (no prefill, no warm-up), with hf_tev's stage synchronisation off; the stage
+   breakdown from a synchronised run (draft, build, tree pass, verify, and the rest: the commit); hf_tev's own
+   time per cycle (cycle - draft - tree pass at the realised size); host waits and kernels per step / cycle from
+   the profiler (and, on CUDA, torch's sync debug mode); peak memory; the SR measured at the oracle's tau.
+3. `paper_tau`: from the measured curve, the draft time and hf_tev's own time, the SR the paper's tau at B = 64
+   (7.80 and 8.85) gives: SR = tau * t_step / (t_draft + t_pass(B + 1) + t_own).
+4. `exactness` on the kit (fp32, real weights, on the device): greedy output of every verifier and budget equals
+   the target's own greedy `generate`; a greedy batch equals each prompt alone; at T = 1, a seeded law test of
+   every verifier (and of a batch) on a tiny-vocabulary target against its exact law, with a power check.
+5. `auto`: what `budget="auto"` chooses under the measured cost curve, on the kit drafter's trees.
+6. `modes.static`: the same as 2 with `cache_implementation="static"` (transformers compiles the forward on CUDA);
+   hf_tev's part reports `{"skipped": "<why>"}` while hf_tev refuses a static cache.
+
+Writes one JSON document (`--output`) and prints a summary. Exit status 1 when an exactness check fails.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import sys
 import time
+import warnings
 
 import torch
 
@@ -41,13 +56,16 @@ SHAPES = {  # name -> Qwen3Config fields (random weights)
     "tiny": dict(
         hidden_size=64,
         intermediate_size=128,
-        num_hidden_layers=2,
+        num_hidden_layers=6,  # enough layers for the published drafter's 5 target layers
         num_attention_heads=4,
         num_key_value_heads=2,
         head_dim=16,
         vocab_size=512,
     ),
 }
+PUBLISHED_DRAFTER = dict(num_layers=5, block_size=16)  # z-lab's Qwen3 DFlash drafters (e.g. Qwen3-4B-DFlash-b16)
+PAPER_TAU_AT_B64 = (7.80, 8.85)  # the paper's tau at B = 64
+VERIFIERS = ("tev", "predraw", "residual")
 
 
 def sync(device):
@@ -55,20 +73,38 @@ def sync(device):
         torch.cuda.synchronize(device)
 
 
+def first_line(error: BaseException) -> str:
+    return f"{type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}"
+
+
 def random_target(shape: str, device, dtype):
+    """A random Qwen3 of `shape`, its LM head sharpened (as the tests' targets) so that greedy choices are clear
+    margins, not near ties that the rounding of a bf16 pass of another shape could flip."""
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     config = Qwen3Config(
         **SHAPES[shape], max_position_embeddings=8192, tie_word_embeddings=False, attn_implementation="sdpa"
     )
     torch.manual_seed(0)
-    with torch.device(device):
-        model = Qwen3ForCausalLM(config)
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)  # built in its dtype: no float32 copy of 4B parameters on the way
+    try:
+        with torch.device(device):
+            model = Qwen3ForCausalLM(config)
+    finally:
+        torch.set_default_dtype(default)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(8.0)
+    model.generation_config.eos_token_id = None  # every run makes exactly the tokens asked for
+    model.generation_config.pad_token_id = 0
     return model.to(dtype).eval()
 
 
+# --- 1. the tree-pass cost curve ---
+
+
 @torch.no_grad()
-def tree_pass_curve(target, context: int, max_tokens: int, repeats: int) -> dict:
+def tree_pass_curve(target, context: int, sizes: list[int], repeats: int) -> dict:
     """Seconds of a tree pass over n tokens (a chain: the cost does not depend on the shape) after `context`."""
     from transformers import DynamicCache
 
@@ -78,8 +114,7 @@ def tree_pass_curve(target, context: int, max_tokens: int, repeats: int) -> dict
     prompt = torch.randint(0, target.config.vocab_size, (1, context), device=device)
     cache = DynamicCache(config=target.config)
     target(prompt, cache=cache, logits_to_keep=1)
-    inputs = TreeInputs(context + max_tokens, target.dtype, device)
-    sizes = [1 << i for i in range(max_tokens.bit_length()) if (1 << i) <= max_tokens]
+    inputs = TreeInputs(context + max(sizes), target.dtype, device)
     seconds = []
     for size in sizes:
         chain = build_chain(torch.zeros(size - 1, 1, device=device), size - 1, torch.tensor(1, device=device))
@@ -96,41 +131,440 @@ def tree_pass_curve(target, context: int, max_tokens: int, repeats: int) -> dict
     return {"tokens": sizes, "seconds": seconds, "ratio_to_one_token": [s / seconds[0] for s in seconds]}
 
 
-@torch.no_grad()
-def decoding_overhead(target, budgets, max_new_tokens: int) -> list[dict]:
-    """Per-cycle stage times of tree decoding with a random drafter (tau ~ 1: the costs, not the speed)."""
-    import hf_tev  # noqa: F401  (routes generate)
-    from hf_tev import DFlashDraftModel, TEVConfig
+def pass_seconds(curve: dict, tokens: float) -> float:
+    """The curve's seconds at `tokens`, linear between the measured sizes (flat past the ends)."""
+    points = sorted(zip(curve["tokens"], curve["seconds"], strict=True))
+    if tokens <= points[0][0]:
+        return points[0][1]
+    for (n0, s0), (n1, s1) in zip(points, points[1:], strict=False):
+        if tokens <= n1:
+            return s0 + (s1 - s0) * (tokens - n0) / (n1 - n0)
+    return points[-1][1]
 
-    drafter = DFlashDraftModel.from_target(target, num_layers=1, block_size=16)
-    prompt = torch.randint(0, target.config.vocab_size, (1, 64), device=target.device)
-    rows = []
-    for budget in budgets:
-        for _ in range(2):  # the first call warms up (and, for auto, probes the cost curve)
+
+def curve_sizes(max_tokens: int, budget: int) -> list[int]:
+    powers = [1 << i for i in range(max_tokens.bit_length()) if (1 << i) <= max_tokens]
+    return sorted({*powers, budget + 1})
+
+
+# --- the oracle drafter and the oracle chain ---
+
+
+def oracle_drafter(drafter, reference: torch.Tensor, depth: int, margin: float = 20.0):
+    """Make `drafter` know the target's greedy continuation `reference` `[1, L]` (prompt included) `depth`
+    tokens deep: at depths 1..depth of a block rooted at position p, token `reference[p + d]` gets the block
+    row's highest logit + `margin`. Deeper rows are the drafter's own. Computed on the device (no host read),
+    so the oracle adds no host wait to the cycle it is measured in."""
+    real = drafter.draft_logits
+    length = reference.shape[1]
+
+    def draft_logits(target, context, block_ids, position_ids, cache=None, num_depths=None, **kwargs):
+        logits = real(target, context, block_ids, position_ids, cache=cache, num_depths=num_depths, **kwargs)
+        depths = torch.arange(1, logits.shape[1] + 1, device=logits.device)
+        positions = position_ids[:, -block_ids.shape[1]][:, None] + depths  # [B|1, D]
+        known = (positions < length) & (depths <= depth)
+        tokens = reference[0, positions.clamp(max=length - 1)].expand(logits.shape[0], -1)
+        top = logits.amax(-1) + margin
+        value = torch.where(known, top, logits.gather(-1, tokens[..., None])[..., 0])
+        return logits.scatter(-1, tokens[..., None], value[..., None])
+
+    drafter.draft_logits = draft_logits
+    return drafter
+
+
+@contextlib.contextmanager
+def oracle_chain(reference: torch.Tensor, depth: int):
+    """transformers' DFlash chain with the same oracle: its first `depth` drafted tokens of each block are the
+    target's greedy continuation (the rest are the drafter's), so it accepts what hf_tev's oracle does."""
+    from transformers.generation import candidate_generator
+
+    generator = candidate_generator.DFlashTokenCandidateGenerator
+    real = generator.get_candidates
+
+    def get_candidates(self, input_ids, *args, **kwargs):
+        ids, logits = real(self, input_ids, *args, **kwargs)
+        start = input_ids.shape[1]
+        end = min(ids.shape[1], start + depth, reference.shape[1])
+        if end > start:
+            ids = ids.clone()
+            ids[:, start:end] = reference[:, start:end]
+        return ids, logits
+
+    generator.get_candidates = get_candidates
+    try:
+        yield
+    finally:
+        generator.get_candidates = real
+
+
+@contextlib.contextmanager
+def stage_syncs_off():
+    """hf_tev's stage clock without its per-stage device synchronisation (the cycle as a user runs it when
+    nothing reads the stage times); the stage times it records are then host times, not used here."""
+    from hf_tev.generation.outputs import StageClock
+
+    init = StageClock.__init__
+
+    def without_syncs(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        for name in ("sync", "synchronize"):  # main's name, and the deferred clock's
+            if hasattr(self, name):
+                setattr(self, name, False)
+
+    StageClock.__init__ = without_syncs
+    try:
+        yield
+    finally:
+        StageClock.__init__ = init
+
+
+# --- timing, counting, memory ---
+
+
+def timed(call, device) -> tuple[float, object]:
+    sync(device)
+    start = time.perf_counter()
+    result = call()
+    sync(device)
+    return time.perf_counter() - start, result
+
+
+def marginal(call_at, lengths: tuple[int, int], device, repeats: int) -> dict:
+    """Seconds per unit (step or cycle) as the difference of two output lengths: `call_at(n)` decodes n new
+    tokens and returns its units; prefill, warm-up and call overhead cancel. The median of `repeats` runs each."""
+    runs = {}
+    for n in lengths:
+        call_at(n)  # warm-up (allocator, kernels, and an automatic budget's probe)
+        times, units = [], None
+        for _ in range(repeats):
+            seconds, units = timed(lambda n=n: call_at(n), device)
+            times.append(seconds)
+        runs[n] = (statistics.median(times), units)
+    (t1, u1), (t2, u2) = runs[lengths[0]], runs[lengths[1]]
+    return {
+        "seconds_per_unit": (t2 - t1) / max(u2 - u1, 1e-9),
+        "units": [u1, u2],
+        "seconds": [t1, t2],
+        "new_tokens": list(lengths),
+        "seconds_per_token": (t2 - t1) / (lengths[1] - lengths[0]),
+    }
+
+
+def profile_counts(call, device) -> dict:
+    """Host waits and kernels of one call, from the profiler. On CUDA: runtime synchronisations (stream, device,
+    event, blocking memcpy) and device kernels (copies and fills apart), with the sync debug mode's warnings as a
+    second count of waits. On the CPU, where nothing is waited for: reads of a tensor's value on the host
+    (`aten::_local_scalar_dense`: `.item()`, `int()`, `bool()`) and the leaf aten ops (kernel-like ops)."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = device.type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        if cuda:
+            torch.cuda.set_sync_debug_mode("warn")
+        try:
+            with profile(activities=activities) as prof:
+                units = call()
+                sync(device)
+        finally:
+            if cuda:
+                torch.cuda.set_sync_debug_mode("default")
+    events = prof.events()
+    counts = {"units": units}
+    if cuda:
+        host = [e for e in events if e.device_type == DeviceType.CPU]
+        counts["host_waits"] = sum("Synchronize" in e.name or e.name in ("cudaMemcpy", "cuMemcpyDtoH") for e in host)
+        counts["sync_warnings"] = sum("synchroniz" in str(w.message).lower() for w in caught)
+        device_events = [e for e in events if e.device_type == DeviceType.CUDA]
+        counts["kernels"] = sum(not e.name.startswith(("Memcpy", "Memset")) for e in device_events)
+        counts["launches"] = sum("LaunchKernel" in e.name for e in host)
+    else:
+        aten = [e for e in events if e.name.startswith("aten::")]
+        counts["host_waits"] = sum(e.name == "aten::_local_scalar_dense" for e in aten)
+        counts["kernels"] = sum(not any(c.name.startswith("aten::") for c in e.cpu_children) for e in aten)
+    return counts
+
+
+def counts_per_unit(call_at, lengths: tuple[int, int], device) -> dict:
+    """Profiler counts per unit, as the difference of two output lengths (prefill and warm-up cancel)."""
+    first, second = (profile_counts(lambda n=n: call_at(n), device) for n in lengths)
+    units = max(second["units"] - first["units"], 1e-9)
+    return {key: (second[key] - first[key]) / units for key in first if key != "units"}
+
+
+def peak_memory(call, device) -> dict | None:
+    if device.type != "cuda":
+        return None
+    sync(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    before = torch.cuda.memory_allocated(device)
+    call()
+    sync(device)
+    peak = torch.cuda.max_memory_allocated(device)
+    return {"peak_gib": peak / 2**30, "above_resident_gib": (peak - before) / 2**30}
+
+
+# --- 2. plain generate, hf_tev and the transformers chain on the oracle ---
+
+
+def method_calls(target, drafter, prompt, reference, args, extra: dict):
+    """`call_at(n)` per method: decodes n new tokens greedily and returns its units (steps, cycles, forwards)."""
+    from hf_tev import TEVConfig
+
+    def plain(n):
+        target.generate(prompt, do_sample=False, max_new_tokens=n, **extra)
+        return n
+
+    def tev(n, check=False):
+        out = target.generate(
+            prompt, do_sample=False, max_new_tokens=n, assistant_model=drafter, return_dict_in_generate=True,
+            tev_config=TEVConfig(budget=args.budget), **extra,
+        )  # fmt: skip
+        if check:
+            return out
+        return out.tev_stats.num_cycles
+
+    def chain(n):
+        forwards = []
+        hook = target.register_forward_hook(lambda *_: forwards.append(1))
+        try:
+            with oracle_chain(reference, args.oracle_depth):
+                target.generate(
+                    prompt, do_sample=False, max_new_tokens=n, assistant_model=drafter, speculation_type="dflash",
+                    **extra,
+                )  # fmt: skip
+        finally:
+            hook.remove()
+        return len(forwards) - 1  # the prefill apart: one target forward per cycle
+
+    return {"plain": plain, "hf_tev": tev, "transformers_dflash_chain": chain}
+
+
+def stage_breakdown(call_tev, n: int, device) -> dict:
+    """hf_tev's stage times per cycle from a run with its stage synchronisation on: draft, build, tree pass,
+    verify (processors, decision, cache commit of the path), and the rest of the cycle (the commit of the
+    tokens: outputs, stops, the drafter's context)."""
+    seconds, out = timed(lambda: call_tev(n, check=True), device)
+    stats = out.tev_stats
+    summary = stats.summary()
+    cycle = (seconds - summary["prefill_s"] - summary["probe_s"]) / max(stats.num_cycles, 1)
+    stages = {key: summary[f"{key}_s"] for key in ("draft", "build", "forward", "verify")}
+    return {
+        **{f"{key}_ms": 1e3 * value for key, value in stages.items()},
+        "rest_ms": 1e3 * (cycle - sum(stages.values())),
+        "cycle_synced_ms": 1e3 * cycle,
+        "tau": stats.tau,
+        "tree_size": summary["tree_size"],
+        "pass_nodes": statistics.fmean(stats.pass_nodes) if stats.pass_nodes else summary["tree_size"] + 1,
+        "cycles": stats.num_cycles,
+        "sequence": out.sequences,
+    }
+
+
+def measure_method(name, call_at, args, device) -> dict:
+    lengths = (args.new_tokens // 2, args.new_tokens)
+    context = stage_syncs_off() if name == "hf_tev" else contextlib.nullcontext()
+    with context:
+        row = marginal(call_at, lengths, device, args.repeats)
+        row["per_unit"] = counts_per_unit(call_at, lengths, device)
+        row["memory"] = peak_memory(lambda: call_at(args.new_tokens), device)
+    return row
+
+
+@torch.no_grad()
+def decode_mode(target, drafter, prompt, reference, curve, args, device, mode: str) -> dict:
+    """Plain generate, hf_tev and transformers' chain in one mode ("eager" or "static")."""
+    extra = {"cache_implementation": "static"} if mode == "static" else {}
+    calls = method_calls(target, drafter, prompt, reference, args, extra)
+    result = {}
+    for name, call_at in calls.items():
+        try:
+            result[name] = measure_method(name, call_at, args, device)
+        except Exception as error:  # noqa: BLE001 - a mode hf_tev or transformers refuses is reported, not fatal
+            result[name] = {"skipped": first_line(error)}
+    tev, plain = result["hf_tev"], result["plain"]
+    if "skipped" in tev or "skipped" in plain:
+        return result
+    stages = stage_breakdown(calls["hf_tev"], args.new_tokens, device)  # stage synchronisation on
+    sequence = stages.pop("sequence")
+    expected = reference[:, : sequence.shape[1]]
+    mismatch = (sequence[0] != expected[0]).nonzero()
+    tev["stages"] = stages
+    tev["cycle_ms"] = 1e3 * tev["seconds_per_unit"]
+    tev["own_ms"] = tev["cycle_ms"] - stages["draft_ms"] - 1e3 * pass_seconds(curve, stages["pass_nodes"])
+    tev["equals_plain_greedy"] = mismatch.numel() == 0
+    tev["first_mismatch"] = None if mismatch.numel() == 0 else int(mismatch[0]) - prompt.shape[1]
+    plain["step_ms"] = 1e3 * plain["seconds_per_unit"]
+    for name in ("hf_tev", "transformers_dflash_chain"):
+        if "skipped" not in result[name]:
+            result[name]["sr_per_token"] = plain["seconds_per_token"] / result[name]["seconds_per_token"]
+            result[name]["sr_end_to_end"] = plain["seconds"][1] / result[name]["seconds"][1]
+    return result
+
+
+def paper_tau(mode: dict, curve: dict, budget: int) -> dict:
+    """The SR a tau gives under this target's measured costs: tau * t_step / (t_draft + t_pass(B+1) + t_own)."""
+    tev, plain = mode["hf_tev"], mode["plain"]
+    step = plain["seconds_per_unit"]
+    draft, own = tev["stages"]["draft_ms"] / 1e3, tev["own_ms"] / 1e3
+    cycle = draft + pass_seconds(curve, budget + 1) + own
+    taus = {f"{tau:.2f}": tau for tau in PAPER_TAU_AT_B64}
+    oracle_tau = tev["stages"]["tau"]
+    return {
+        "budget": budget,
+        "cycle_ms_model": 1e3 * cycle,
+        "sr": {key: tau * step / cycle for key, tau in taus.items()},
+        "oracle_tau": oracle_tau,
+        "sr_model_at_oracle_tau": oracle_tau * step / cycle,
+        "sr_measured_at_oracle_tau": tev["sr_per_token"],
+    }
+
+
+# --- 4. exactness on the device ---
+
+
+def kit_prompt_ids(tokenizer, prompts: int, device) -> list[torch.Tensor]:
+    from hf_tev.kit import load_kit_prompts
+
+    texts = load_kit_prompts("humaneval", prompts)
+    return [tokenizer(text, return_tensors="pt").input_ids.to(device) for text in texts]
+
+
+@torch.no_grad()
+def kit_greedy_exact(device, prompts: int, max_new_tokens: int) -> dict:
+    """Greedy output of every verifier (at T = 0 each is the argmax walk; each must say so) and budget, and of a
+    left-padded batch, against the kit target's own greedy `generate` of each prompt alone."""
+    from hf_tev import TEVConfig
+    from hf_tev.kit import load_kit_model, load_kit_tokenizer
+
+    target, drafter = load_kit_model("target", device=device), load_kit_model("drafter-dflash-l135", device=device)
+    tokenizer = load_kit_tokenizer()
+    fixed = dict(do_sample=False, max_new_tokens=max_new_tokens, eos_token_id=None, pad_token_id=0)
+    settings = [("auto", "tev"), (8, "tev")] + [(64, verifier) for verifier in VERIFIERS]
+    results, alone = {}, []
+    for ids in kit_prompt_ids(tokenizer, prompts, device):
+        expected = target.generate(ids, **fixed)
+        alone.append(expected[0])
+        for budget, verifier in settings:
             out = target.generate(
-                prompt,
-                do_sample=False,
-                max_new_tokens=max_new_tokens,
-                assistant_model=drafter,
-                tev_config=TEVConfig(budget=budget),
-                return_dict_in_generate=True,
+                ids, assistant_model=drafter, tev_config=TEVConfig(budget=budget, verifier=verifier), **fixed
             )
-        stats = out.tev_stats.summary()
-        model = stats["draft_s"] + stats["forward_s"]
-        own = stats["build_s"] + stats["verify_s"]
-        rows.append(
-            dict(
-                budget=budget,
-                cycles=stats["cycles"],
-                tree_size=stats["tree_size"],
-                draft_ms=1e3 * stats["draft_s"],
-                build_ms=1e3 * stats["build_s"],
-                forward_ms=1e3 * stats["forward_s"],
-                verify_ms=1e3 * stats["verify_s"],
-                overhead_fraction=own / (own + model),
-            )
-        )
-    return rows
+            key = f"{budget}/{verifier}"
+            results[key] = results.get(key, True) and torch.equal(out, expected)
+    results["batch"] = kit_batch_exact(target, drafter, [row[: len(row) - max_new_tokens] for row in alone], alone)
+    return {"all_equal": all(results.values()), "by_setting": results}
+
+
+def kit_batch_exact(target, drafter, prompts: list[torch.Tensor], expected: list[torch.Tensor]) -> bool:
+    """A left-padded greedy batch through hf_tev equals each prompt's own greedy generate, left padding kept."""
+    from hf_tev import TEVConfig
+
+    width = max(len(p) for p in prompts)
+    ids = torch.zeros(len(prompts), width, dtype=torch.long, device=prompts[0].device)
+    mask = torch.zeros_like(ids)
+    for r, prompt in enumerate(prompts):
+        ids[r, width - len(prompt) :], mask[r, width - len(prompt) :] = prompt, 1
+    new = len(expected[0]) - len(prompts[0])
+    out = target.generate(
+        ids, attention_mask=mask, do_sample=False, max_new_tokens=new, eos_token_id=None, pad_token_id=0,
+        assistant_model=drafter, tev_config=TEVConfig(budget=16),
+    )  # fmt: skip
+    return all(torch.equal(out[r, width - len(p) :], e) for r, (p, e) in enumerate(zip(prompts, expected, strict=True)))
+
+
+def law_target(device):
+    """A tiny-vocabulary target (8 tokens) whose exact law of two generated tokens fits in memory, and a random
+    drafter with confident, varied trees (unit final norm), so depth-2 paths are often accepted."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from hf_tev import DFlashDraftModel
+
+    torch.manual_seed(4)
+    config = Qwen3Config(
+        vocab_size=8, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=8, max_position_embeddings=64, tie_word_embeddings=False,
+        bos_token_id=1, eos_token_id=None, pad_token_id=0,
+    )  # fmt: skip
+    target = Qwen3ForCausalLM(config).eval()
+    with torch.no_grad():
+        target.lm_head.weight.mul_(16.0)  # peaked: the law has clear structure, a wrong law is far
+    target = target.to(device)
+    torch.manual_seed(1)
+    drafter = DFlashDraftModel.from_target(target, num_layers=1, block_size=4)
+    with torch.no_grad():
+        drafter.norm.weight.fill_(1.0)
+    return target, drafter
+
+
+@torch.no_grad()
+def exact_last_two_law(target, prompt, temperature: float, new_tokens: int = 4) -> torch.Tensor:
+    """P(generated tokens 3 and 4), the earlier ones summed out, under the target's own sampling at
+    `temperature` (`[V, V]`): the first tree after the prefill can emit both."""
+    vocab = target.config.vocab_size
+    sequences, mass = prompt, torch.ones(1, dtype=torch.float64, device=prompt.device)
+    for step in range(new_tokens):
+        probs = torch.softmax(target(sequences).logits[:, -1].double() / temperature, -1)
+        if step < new_tokens - 1:
+            mass = (mass[:, None] * probs).reshape(-1)
+            grown = torch.arange(vocab, device=prompt.device).repeat(sequences.shape[0])[:, None]
+            sequences = torch.cat([sequences.repeat_interleave(vocab, 0), grown], 1)
+    joint = (mass[:, None] * probs).reshape(-1, vocab, vocab, vocab).sum(0)  # [V, V, V]: tokens 2, 3, 4
+    return joint.sum(0).cpu()
+
+
+def chi_square_pvalue(counts: torch.Tensor, law: torch.Tensor, min_expected: float = 5.0) -> float:
+    """Pearson chi-square p-value, cells with small expectation pooled into one."""
+    expected = law.flatten().double() * counts.sum()
+    counts = counts.flatten().double()
+    small = expected < min_expected
+    obs = torch.cat([counts[~small], counts[small].sum()[None]])
+    exp = torch.cat([expected[~small], expected[small].sum()[None]])
+    keep = exp > 0
+    stat = ((obs[keep] - exp[keep]) ** 2 / exp[keep]).sum()
+    dof = int(keep.sum()) - 1
+    return float(torch.special.gammaincc(torch.tensor(dof / 2.0, dtype=torch.float64), stat / 2.0))
+
+
+@torch.no_grad()
+def sampling_law(device, draws: int, batch_rows: int) -> dict:
+    """At T = 1, seeded: the law of generated tokens 3 and 4 under every verifier (one prompt, `draws` calls)
+    and under a batch (`batch_rows` copies of the prompt per call), against the exact law (p > 1e-3), and the
+    power: depth-2 paths accepted, and the pooled counts reject the law at T = 0.6 (p < 1e-3)."""
+    from hf_tev import TEVConfig
+
+    target, drafter = law_target(device)
+    vocab, prompt = target.config.vocab_size, torch.tensor([[1, 5, 3]], device=device)
+    law, wrong = exact_last_two_law(target, prompt, 1.0), exact_last_two_law(target, prompt, 0.6)
+    sample = dict(do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=4, return_dict_in_generate=True)
+    start, pooled, result, deep = prompt.shape[1] + 2, torch.zeros(vocab, vocab), {}, 0
+    torch.manual_seed(1234)
+    settings = [(verifier, 1, draws) for verifier in VERIFIERS] + [("tev", batch_rows, draws // batch_rows)]
+    for verifier, rows, calls in settings:
+        counts = torch.zeros(vocab, vocab)
+        for _ in range(calls):
+            out = target.generate(
+                prompt.expand(rows, -1), assistant_model=drafter, **sample,
+                tev_config=TEVConfig(budget=6, verifier=verifier),
+            )  # fmt: skip
+            tokens = out.sequences[:, start : start + 2].cpu()
+            counts.index_put_((tokens[:, 0], tokens[:, 1]), torch.ones(rows), accumulate=True)
+            stats = out.tev_stats if isinstance(out.tev_stats, list) else [out.tev_stats]
+            deep += sum(s.accepted_lengths[0] >= 3 for s in stats)
+        result["batch" if rows > 1 else verifier] = chi_square_pvalue(counts, law)
+        pooled += counts
+    return {
+        "pvalues": result,
+        "all_pass": all(p > 1e-3 for p in result.values()),
+        "depth_2_accepted": deep,
+        "draws": int(pooled.sum()),
+        "power_wrong_law_pvalue": chi_square_pvalue(pooled, wrong),
+        "has_power": bool(chi_square_pvalue(pooled, wrong) < 1e-3 and deep > 0.05 * float(pooled.sum())),
+    }
+
+
+# --- 5. the automatic budget under the measured cost curve ---
 
 
 @torch.no_grad()
@@ -202,93 +636,150 @@ def auto_choice(trees, calibration, curve: dict, draft_s: float, max_budget: int
     }
 
 
-@torch.no_grad()
-def kit_greedy_exact(device, prompts: int, max_new_tokens: int) -> dict:
-    from hf_tev import TEVConfig
-    from hf_tev.kit import load_kit_model, load_kit_prompts, load_kit_tokenizer
-
-    target, drafter = load_kit_model("target", device=device), load_kit_model("drafter-dflash-l135", device=device)
-    tokenizer = load_kit_tokenizer()
-    results = {}
-    for text in load_kit_prompts("humaneval", prompts):
-        ids = tokenizer(text, return_tensors="pt").input_ids.to(device)
-        expected = target.generate(ids, do_sample=False, max_new_tokens=max_new_tokens)
-        for budget in ("auto", 8, 64):
-            for verifier in ("tev", "predraw", "residual"):
-                out = target.generate(
-                    ids,
-                    do_sample=False,
-                    max_new_tokens=max_new_tokens,
-                    assistant_model=drafter,
-                    tev_config=TEVConfig(budget=budget, verifier=verifier),
-                )
-                key = f"{budget}/{verifier}"
-                results[key] = results.get(key, True) and torch.equal(out, expected)
-    return {"all_equal": all(results.values()), "by_setting": results}
+def auto_section(report: dict, args, device) -> dict:
+    curve = report["tree_pass"]
+    max_budget = max(curve["tokens"]) - 1
+    trees, calibration = kit_trees(device, args.kit_prompts, args.new_tokens, max_budget)
+    draft_s = report["modes"]["eager"]["hf_tev"]["stages"]["draft_ms"] / 1e3
+    per_token = {"tokens": curve["tokens"], "seconds": [curve["seconds"][0] * k for k in curve["tokens"]]}
+    return {
+        "under_this_curve": auto_choice(trees, calibration, curve, draft_s, max_budget),
+        "under_a_per_token_curve": auto_choice(trees, calibration, per_token, draft_s, max_budget),
+    }
 
 
-def main(argv=None) -> dict:
+# --- the plan ---
+
+
+def parse_args(argv):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--shape", choices=sorted(SHAPES), default="qwen3-4b")
     parser.add_argument("--dtype", choices=["bfloat16", "float16", "float32"], default="bfloat16")
-    parser.add_argument("--context", type=int, default=512, help="prompt tokens before the tree pass")
-    parser.add_argument("--max-tokens", type=int, default=1024, help="largest tree pass (tokens)")
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--kit-prompts", type=int, default=4)
-    parser.add_argument("--new-tokens", type=int, default=48)
+    parser.add_argument("--context", type=int, default=512, help="prompt tokens (tree-pass curve and decoding)")
+    parser.add_argument("--max-tokens", type=int, default=1024, help="largest tree pass of the curve (tokens)")
+    parser.add_argument("--budget", type=int, default=64, help="hf_tev's tree budget B (the paper's tau is at 64)")
+    parser.add_argument("--oracle-depth", type=int, default=8, help="tokens the oracle knows per block (tau ~ +1)")
+    parser.add_argument("--new-tokens", type=int, default=128, help="the longer of the two output lengths")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--kit-prompts", type=int, default=3)
+    parser.add_argument("--kit-new-tokens", type=int, default=48)
+    parser.add_argument("--law-draws", type=int, default=240, help="draws per verifier in the T = 1 law test")
+    parser.add_argument("--batch-rows", type=int, default=16, help="rows per call of the batch law test")
+    parser.add_argument("--static", choices=["try", "skip"], default="try")
+    parser.add_argument("--time-budget", type=float, default=420.0, help="seconds after which sections are skipped")
     parser.add_argument("--output", default=None)
     args = parser.parse_args(argv)
-    device, dtype = torch.device(args.device), getattr(torch, args.dtype)
-    started = time.perf_counter()
-    report = {
-        "settings": vars(args),
+    if not 1 <= args.oracle_depth < PUBLISHED_DRAFTER["block_size"]:
+        parser.error(f"--oracle-depth must be in [1, {PUBLISHED_DRAFTER['block_size'] - 1}]")
+    if args.new_tokens < 4 or args.budget < 1 or args.law_draws < args.batch_rows:
+        parser.error("--new-tokens must be >= 4, --budget >= 1 and --law-draws >= --batch-rows")
+    return args
+
+
+def environment(device) -> dict:
+    import transformers
+
+    import hf_tev
+
+    return {
         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "hf_tev": getattr(hf_tev, "__version__", None),
+        "python": sys.version.split()[0],
     }
+
+
+def run_sections(report: dict, sections, args, started: float, write) -> None:
+    """Each section in turn, skipped once the time budget is spent; a failing section is recorded, not fatal."""
+    for name, section in sections:
+        if time.perf_counter() - started > args.time_budget:
+            report[name] = {"skipped": f"time budget of {args.time_budget:.0f} s spent"}
+        else:
+            try:
+                report[name] = section()
+            except Exception as error:  # noqa: BLE001 - the other sections still run in the short window
+                report[name] = {"failed": first_line(error)}
+        report["seconds"] = time.perf_counter() - started
+        write(report)
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    import hf_tev  # noqa: F401  (routes generate)
+    from hf_tev import DFlashDraftModel
+
+    device, dtype = torch.device(args.device), getattr(torch, args.dtype)
+    started = time.perf_counter()
+    report = {"settings": vars(args), "environment": environment(device), "modes": {}}
+
+    def write(document):
+        if args.output:
+            with open(args.output, "w") as f:
+                f.write(json.dumps(document, indent=1, default=str) + "\n")
 
     target = random_target(args.shape, device, dtype)
-    report["tree_pass"] = tree_pass_curve(target, args.context, args.max_tokens, args.repeats)
-    budgets = [b for b in (16, 64, 256) if b < args.max_tokens] + ["auto"]
-    report["overhead"] = decoding_overhead(target, budgets, args.new_tokens)
-    del target
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
+    drafter = DFlashDraftModel.from_target(target, **PUBLISHED_DRAFTER)
+    prompt = torch.randint(0, target.config.vocab_size, (1, args.context), device=device)
+    reference = target.generate(prompt, do_sample=False, max_new_tokens=args.new_tokens + 16)
+    oracle_drafter(drafter, reference, args.oracle_depth)
 
-    max_budget = args.max_tokens - 1
-    trees, calibration = kit_trees(device, args.kit_prompts, args.new_tokens, max_budget)
-    draft_s = next(row["draft_ms"] for row in report["overhead"] if row["budget"] == "auto") / 1e3
-    report["auto_under_this_curve"] = auto_choice(trees, calibration, report["tree_pass"], draft_s, max_budget)
-    cpu_like = {
-        "tokens": report["tree_pass"]["tokens"],
-        "seconds": [report["tree_pass"]["seconds"][0] * k for k in report["tree_pass"]["tokens"]],
-    }
-    report["auto_under_a_per_token_curve"] = auto_choice(trees, calibration, cpu_like, draft_s, max_budget)
-    report["kit_greedy_exact"] = kit_greedy_exact(device, args.kit_prompts, args.new_tokens)
-    report["seconds"] = time.perf_counter() - started
+    def mode(name):
+        report["modes"][name] = decode_mode(target, drafter, prompt, reference, report["tree_pass"], args, device, name)
+        return report["modes"][name]
 
-    text = json.dumps(report, indent=1, default=str)
-    if args.output:
-        with open(args.output, "w") as f:
-            f.write(text + "\n")
-    curve = report["tree_pass"]
-    print(
-        "tree pass / one token:",
-        ", ".join(f"{n}: {r:.2f}x" for n, r in zip(curve["tokens"], curve["ratio_to_one_token"], strict=True)),
-    )
-    for row in report["overhead"]:
-        print(
-            f"budget {row['budget']}: tree size {row['tree_size']:.1f}, overhead {100 * row['overhead_fraction']:.1f}%"
-        )
-    auto = report["auto_under_this_curve"]
-    print(
-        f"auto on kit trees: sizes p25/p50/p75 {auto['chosen_sizes_quartiles']}, tokens/s auto "
-        f"{auto['tokens_per_s_auto']:.1f} vs fixed {auto['tokens_per_s_fixed']}"
-    )
-    print("kit greedy exact on", args.device, ":", report["kit_greedy_exact"]["all_equal"])
-    print(f"done in {report['seconds']:.0f} s")
+    sizes = curve_sizes(args.max_tokens, args.budget)
+    sections = [
+        ("tree_pass", lambda: tree_pass_curve(target, args.context, sizes, args.repeats)),
+        ("eager", lambda: bool(mode("eager"))),
+        ("paper_tau", lambda: paper_tau(report["modes"]["eager"], report["tree_pass"], args.budget)),
+        ("exactness", lambda: exactness(args, device)),
+        ("auto", lambda: auto_section(report, args, device)),
+        ("static", lambda: bool(mode("static")) if args.static == "try" else {"skipped": "--static skip"}),
+    ]
+    run_sections(report, sections, args, started, write)
+    for name in ("eager", "static"):  # the modes' results live under "modes"; keep only a failure or a skip
+        if report.get(name) is True:
+            del report[name]
+    write(report)
+    print_summary(report)
     return report
 
 
+def exactness(args, device) -> dict:
+    greedy = kit_greedy_exact(device, args.kit_prompts, args.kit_new_tokens)
+    law = sampling_law(device, args.law_draws, args.batch_rows)
+    return {
+        "greedy": greedy,
+        "sampling_t1": law,
+        "all_exact": greedy["all_equal"] and law["all_pass"] and law["has_power"],
+    }
+
+
+def print_summary(report: dict) -> None:
+    curve = report["tree_pass"]
+    if "tokens" in curve:
+        ratios = zip(curve["tokens"], curve["ratio_to_one_token"], strict=True)
+        print("tree pass / one token:", ", ".join(f"{n}: {r:.2f}x" for n, r in ratios))
+    for name, mode in report["modes"].items():
+        for method, row in mode.items():
+            if "skipped" in row:
+                print(f"{name} {method}: skipped ({row['skipped']})")
+                continue
+            text = f"{name} {method}: {1e3 * row['seconds_per_unit']:.2f} ms/unit"
+            text += f", waits {row['per_unit']['host_waits']:.1f}, kernels {row['per_unit']['kernels']:.0f} per unit"
+            if "sr_per_token" in row:
+                text += f", SR {row['sr_per_token']:.2f}"
+            if "own_ms" in row:
+                text += f", own {row['own_ms']:.2f} ms/cycle, tau {row['stages']['tau']:.2f}"
+            print(text)
+    paper = report.get("paper_tau", {})
+    if "sr" in paper:
+        print("SR at the paper's tau (B = 64):", {tau: round(sr, 2) for tau, sr in paper["sr"].items()})
+    print("exact:", report.get("exactness", {}).get("all_exact"))
+    print(f"done in {report['seconds']:.0f} s")
+
+
 if __name__ == "__main__":
-    sys.exit(0 if main()["kit_greedy_exact"]["all_equal"] else 1)
+    sys.exit(0 if main().get("exactness", {}).get("all_exact") else 1)
