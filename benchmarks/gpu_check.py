@@ -376,7 +376,9 @@ def measure_method(name, call_at, args, device) -> dict:
 @torch.no_grad()
 def decode_mode(target, drafter, prompt, reference, curve, args, device, mode: str) -> dict:
     """Plain generate, hf_tev and transformers' chain in one mode ("eager" or "static")."""
-    extra = {"cache_implementation": "static"} if mode == "static" else {}
+    extra = {}
+    if mode == "static":  # one cache size for every call: one compiled decode step (CUDA), not one per length
+        extra = {"cache_implementation": "static", "max_cache_len": prompt.shape[1] + args.new_tokens + 32}
     calls = method_calls(target, drafter, prompt, reference, args, extra)
     result = {}
     for name, call_at in calls.items():
