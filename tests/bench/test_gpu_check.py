@@ -1,43 +1,90 @@
-"""The prepared GPU check runs end to end on the CPU at tiny sizes (the same code the GPU run executes)."""
+"""The prepared GPU check runs its whole plan end to end on the CPU at tiny sizes (the same code the GPU run
+executes), and its JSON holds every section the GPU window is for."""
 
 import importlib.util
 import json
 from pathlib import Path
 
+import pytest
+import torch
+
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_check.py"
+TINY_SETTINGS = dict(device="cpu", shape="tiny", dtype="float32", context=16, max_tokens=16, budget=8, oracle_depth=4)
+TINY_SETTINGS |= dict(new_tokens=24, repeats=1, kit_prompts=1, kit_new_tokens=12, law_draws=120, batch_rows=8)
+TINY = [text for key, value in TINY_SETTINGS.items() for text in (f"--{key.replace('_', '-')}", str(value))]
 
 
-def test_gpu_check_runs_on_cpu_at_tiny_sizes(tmp_path):
+@pytest.fixture(scope="module")
+def gpu_check():
     spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
-    gpu_check = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(gpu_check)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_gpu_check_runs_its_whole_plan_on_cpu_at_tiny_sizes(gpu_check, tmp_path):
     output = tmp_path / "gpu_check.json"
-    report = gpu_check.main(
-        [
-            "--device",
-            "cpu",
-            "--shape",
-            "tiny",
-            "--dtype",
-            "float32",
-            "--context",
-            "16",
-            "--max-tokens",
-            "16",
-            "--repeats",
-            "1",
-            "--kit-prompts",
-            "1",
-            "--new-tokens",
-            "12",
-            "--output",
-            str(output),
-        ]
-    )
-    assert json.loads(output.read_text())["tree_pass"]["tokens"] == [1, 2, 4, 8, 16]
-    assert report["kit_greedy_exact"]["all_equal"] and len(report["kit_greedy_exact"]["by_setting"]) == 9
-    assert [row["budget"] for row in report["overhead"]] == ["auto"]  # fixed budgets only below --max-tokens
-    auto = report["auto_under_this_curve"]
+    report = gpu_check.main([*TINY, "--output", str(output)])
+    assert json.loads(output.read_text())["settings"]["budget"] == 8  # the file is the report
+    assert report["tree_pass"]["tokens"] == [1, 2, 4, 8, 9, 16]  # powers of two and the budget's pass (B + 1)
+
+    eager = report["modes"]["eager"]
+    for name in ("plain", "hf_tev", "transformers_dflash_chain"):
+        row = eager[name]
+        assert row["seconds_per_unit"] > 0 and row["units"][1] > row["units"][0], name
+        assert row["per_unit"]["kernels"] > 0 and row["per_unit"]["host_waits"] >= 0, name
+        assert "memory" in row  # None on the CPU, peak GiB on CUDA
+    tev = eager["hf_tev"]
+    # the oracle knows 4 tokens a block: cycles accept about 4 (the commit moves real entries), never more than 5
+    assert 3 <= tev["stages"]["tau"] <= 5 and tev["stages"]["pass_nodes"] == 9
+    assert tev["equals_plain_greedy"] and tev["first_mismatch"] is None
+    assert {"draft_ms", "build_ms", "forward_ms", "verify_ms", "rest_ms"} <= set(tev["stages"])
+    assert tev["own_ms"] < tev["cycle_ms"]
+    chain = eager["transformers_dflash_chain"]
+    assert chain["new_tokens"][1] / chain["units"][1] > 2.5  # the chain's oracle is accepted as well
+    assert tev["sr_per_token"] > 0 and chain["sr_per_token"] > 0
+
+    paper = report["paper_tau"]
+    assert set(paper["sr"]) == {"7.80", "8.85"} and paper["budget"] == 8
+    assert paper["sr"]["8.85"] / paper["sr"]["7.80"] == pytest.approx(8.85 / 7.80)
+    assert paper["oracle_tau"] == tev["stages"]["tau"]
+
+    exact = report["exactness"]
+    assert exact["all_exact"], exact
+    assert set(exact["greedy"]["by_setting"]) == {"auto/tev", "8/tev", "64/tev", "64/predraw", "64/residual", "batch"}
+    assert set(exact["sampling_t1"]["pvalues"]) == {"tev", "predraw", "residual", "batch"}
+    assert exact["sampling_t1"]["has_power"] and exact["sampling_t1"]["draws"] == 4 * 120
+
+    auto = report["auto"]["under_this_curve"]
     assert 0 <= auto["chosen_size_mean"] <= 15 and auto["tokens_per_s_auto"] > 0
     # per tree, auto maximises the ratio the fixed budgets are scored by: over all trees it cannot fall far behind
     assert auto["tokens_per_s_auto"] >= 0.95 * max(auto["tokens_per_s_fixed"].values())
+
+    static = report["modes"]["static"]
+    assert static["plain"]["seconds_per_unit"] > 0  # transformers' static cache (compiled on CUDA only)
+    # while hf_tev refuses a static cache the mode says why; once it decodes with one, it must be exact
+    assert "static" in static["hf_tev"].get("skipped", "static") or static["hf_tev"]["equals_plain_greedy"]
+    assert report["seconds"] > 0 and "eager" not in report and "static" not in report
+
+
+def test_the_law_check_rejects_a_wrong_law(gpu_check, monkeypatch):
+    """The T = 1 check can fail: against the law at temperature 0.5, the same draws are rejected."""
+    exact = gpu_check.exact_last_two_law
+    monkeypatch.setattr(gpu_check, "exact_last_two_law", lambda target, prompt, t: exact(target, prompt, 0.5 * t))
+    law = gpu_check.sampling_law(torch.device("cpu"), 120, 8)
+    assert not law["all_pass"] and max(law["pvalues"].values()) < 1e-2
+
+
+def test_a_section_past_the_time_budget_is_skipped_and_a_failing_one_recorded(gpu_check):
+    report, written = {}, []
+    args = gpu_check.parse_args(["--time-budget", "0.5"])
+
+    def fails():
+        raise RuntimeError("no such kernel\nmore")
+
+    sections = [("first", lambda: 1), ("broken", fails), ("late", lambda: __import__("time").sleep(0.6) or 2)]
+    sections.append(("skipped", lambda: 3))
+    gpu_check.run_sections(report, sections, args, __import__("time").perf_counter(), written.append)
+    assert report["first"] == 1 and report["broken"] == {"failed": "RuntimeError: no such kernel"}
+    assert report["late"] == 2 and report["skipped"] == {"skipped": "time budget of 0 s spent"}
+    assert len(written) == 4  # the JSON after every section
