@@ -789,7 +789,7 @@ def print_summary(report: dict) -> None:
             print(text)
     paper = report.get("paper_tau", {})
     if "sr" in paper:
-        print("SR at the paper's tau (B = 64):", {tau: round(sr, 2) for tau, sr in paper["sr"].items()})
+        print(f"SR at the paper's tau (B = {paper['budget']}):", {tau: round(sr, 2) for tau, sr in paper["sr"].items()})
     print("exact:", report.get("exactness", {}).get("all_exact"))
     print(f"done in {report['seconds']:.0f} s")
 
