@@ -37,7 +37,7 @@ def test_gpu_check_runs_its_whole_plan_on_cpu_at_tiny_sizes(gpu_check, tmp_path)
     tev = eager["hf_tev"]
     # the oracle knows 4 tokens a block: cycles accept about 4 (the commit moves real entries), never more than 5
     assert 3 <= tev["stages"]["tau"] <= 5 and tev["stages"]["pass_nodes"] == 9
-    assert tev["equals_plain_greedy"] and tev["first_mismatch"] is None
+    assert tev["equals_plain_greedy"] and tev["first_mismatch"] is None and tev["oracle_settled"]
     assert {"draft_ms", "build_ms", "forward_ms", "verify_ms", "rest_ms"} <= set(tev["stages"])
     assert tev["own_ms"] < tev["cycle_ms"]
     chain = eager["transformers_dflash_chain"]
@@ -88,3 +88,12 @@ def test_a_section_past_the_time_budget_is_skipped_and_a_failing_one_recorded(gp
     assert report["first"] == 1 and report["broken"] == {"failed": "RuntimeError: no such kernel"}
     assert report["late"] == 2 and report["skipped"] == {"skipped": "time budget of 0 s spent"}
     assert len(written) == 4  # the JSON after every section
+
+
+def test_an_oracle_follows_the_method_once_it_leaves_the_plain_continuation(gpu_check):
+    """A first mismatch against plain greedy is reported; the oracle then knows the method's own output."""
+    known = [torch.tensor([[7, 7, 1, 2, 3, 4, 5, 6]])]  # a 2-token prompt, then plain greedy's continuation
+    outputs = iter([torch.tensor([[7, 7, 1, 2, 9, 9]])] * 2)
+    settled = gpu_check.settle_oracle(lambda n, output: next(outputs), known, 4, prompt_length=2)
+    assert settled == {"equals_plain_greedy": False, "first_mismatch": 2, "oracle_rounds": 1, "oracle_settled": True}
+    assert known[0].tolist() == [[7, 7, 1, 2, 9, 9, 5, 6]]
