@@ -292,7 +292,9 @@ def profile_counts(call, device) -> dict:
 def counts_per_unit(call_at, lengths: tuple[int, int], device) -> dict:
     """Profiler counts per unit, as the difference of two output lengths (prefill and warm-up cancel)."""
     first, second = (profile_counts(lambda n=n: call_at(n), device) for n in lengths)
-    units = max(second["units"] - first["units"], 1e-9)
+    units = second["units"] - first["units"]
+    if units <= 0:
+        return {"failed": f"no {lengths[1] - lengths[0]} more tokens took another unit: lengths {list(lengths)}"}
     return {key: (second[key] - first[key]) / units for key in first if key != "units"}
 
 

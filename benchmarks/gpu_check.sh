@@ -17,7 +17,8 @@ mkdir -p "$out"
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1
 } | tee "$out/environment.txt"
 # Only what the image lacks or has too old is installed; --no-index: the folder is the only source.
-python -m pip install --quiet --no-index --find-links "$wheels" -r benchmarks/gpu_requirements.txt \
+PIP_BREAK_SYSTEM_PACKAGES=1 python -m pip install --quiet --no-index --find-links "$wheels" \
+    -r benchmarks/gpu_requirements.txt \
     2>&1 | tee "$out/install.txt"
 python -m pip check 2>&1 | tee -a "$out/install.txt"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1
