@@ -257,7 +257,6 @@ def profile_counts(call, device) -> dict:
     event, blocking memcpy) and device kernels (copies and fills apart), with the sync debug mode's warnings as a
     second count of waits. On the CPU, where nothing is waited for: reads of a tensor's value on the host
     (`aten::_local_scalar_dense`: `.item()`, `int()`, `bool()`) and the leaf aten ops (kernel-like ops)."""
-    from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
     cuda = device.type == "cuda"
@@ -273,20 +272,27 @@ def profile_counts(call, device) -> dict:
         finally:
             if cuda:
                 torch.cuda.set_sync_debug_mode("default")
-    events = prof.events()
-    counts = {"units": units}
+    return {"units": units, **count_events(prof.events(), [str(w.message) for w in caught], cuda)}
+
+
+def count_events(events, warned: list[str], cuda: bool) -> dict:
+    """Host waits and kernels among profiler events (`profile_counts`)."""
+    from torch.autograd import DeviceType
+
     if cuda:
         host = [e for e in events if e.device_type == DeviceType.CPU]
-        counts["host_waits"] = sum("Synchronize" in e.name or e.name in ("cudaMemcpy", "cuMemcpyDtoH") for e in host)
-        counts["sync_warnings"] = sum("synchroniz" in str(w.message).lower() for w in caught)
         device_events = [e for e in events if e.device_type == DeviceType.CUDA]
-        counts["kernels"] = sum(not e.name.startswith(("Memcpy", "Memset")) for e in device_events)
-        counts["launches"] = sum("LaunchKernel" in e.name for e in host)
-    else:
-        aten = [e for e in events if e.name.startswith("aten::")]
-        counts["host_waits"] = sum(e.name == "aten::_local_scalar_dense" for e in aten)
-        counts["kernels"] = sum(not any(c.name.startswith("aten::") for c in e.cpu_children) for e in aten)
-    return counts
+        return {
+            "host_waits": sum("Synchronize" in e.name or e.name in ("cudaMemcpy", "cuMemcpyDtoH") for e in host),
+            "sync_warnings": sum("synchroniz" in message.lower() for message in warned),
+            "kernels": sum(not e.name.startswith(("Memcpy", "Memset")) for e in device_events),
+            "launches": sum("LaunchKernel" in e.name for e in host),
+        }
+    aten = [e for e in events if e.name.startswith("aten::")]
+    return {
+        "host_waits": sum(e.name == "aten::_local_scalar_dense" for e in aten),
+        "kernels": sum(not any(c.name.startswith("aten::") for c in e.cpu_children) for e in aten),
+    }
 
 
 def counts_per_unit(call_at, lengths: tuple[int, int], device) -> dict:

@@ -97,3 +97,22 @@ def test_an_oracle_follows_the_method_once_it_leaves_the_plain_continuation(gpu_
     settled = gpu_check.settle_oracle(lambda n, output: next(outputs), known, 4, prompt_length=2)
     assert settled == {"equals_plain_greedy": False, "first_mismatch": 2, "oracle_rounds": 1, "oracle_settled": True}
     assert known[0].tolist() == [[7, 7, 1, 2, 9, 9, 5, 6]]
+
+
+def test_cuda_events_count_waits_kernels_and_launches(gpu_check):
+    """The CUDA branch of the counts (no GPU here): synchronisations and blocking copies are waits, device
+    events other than copies and fills are kernels."""
+    from types import SimpleNamespace
+
+    from torch.autograd import DeviceType
+
+    def event(name, device_type):
+        return SimpleNamespace(name=name, device_type=device_type, cpu_children=[])
+
+    events = [event(name, DeviceType.CPU) for name in ("cudaStreamSynchronize", "cudaLaunchKernel", "cudaMemcpy")]
+    events += [event("cudaMemcpyAsync", DeviceType.CPU), event("cudaDeviceSynchronize", DeviceType.CPU)]
+    events += [event(name, DeviceType.CUDA) for name in ("ampere_gemm", "Memcpy DtoH (Device -> Pageable)")]
+    events += [event("void at::native::elementwise_kernel", DeviceType.CUDA), event("Memset (Device)", DeviceType.CUDA)]
+    warned = ["called a synchronizing CUDA operation", "something else"]
+    counts = gpu_check.count_events(events, warned, cuda=True)
+    assert counts == {"host_waits": 3, "sync_warnings": 1, "kernels": 2, "launches": 1}
