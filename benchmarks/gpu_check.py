@@ -24,9 +24,12 @@ every section, so a run cut short still leaves what it measured):
 4. `exactness` on the kit (fp32, real weights, on the device): greedy output of every verifier and budget equals
    the target's own greedy `generate`; a greedy batch equals each prompt alone; at T = 1, a seeded law test of
    every verifier (and of a batch) on a tiny-vocabulary target against its exact law, with a power check.
-5. `auto`: what `budget="auto"` chooses under the measured cost curve, on the kit drafter's trees.
-6. `modes.static`: the same as 2 with `cache_implementation="static"` (transformers compiles the forward on CUDA);
-   hf_tev's part reports `{"skipped": "<why>"}` while hf_tev refuses a static cache.
+5. `modes.static`: the same as 2 with a static cache (one fresh `StaticCache` per call, of one length for both
+   output lengths): transformers compiles plain generate's step on CUDA itself; hf_tev's static tree pass
+   (docs/usage.md#static-shapes) runs with the target's forward under `torch.compile(mode="reduce-overhead")` on
+   CUDA (`--compile`), with the graphs, recompiles and graph breaks it traced, and its first call's seconds (the
+   compile). A method that refuses the mode reports `{"skipped": "<why>"}`.
+6. `auto`: what `budget="auto"` chooses under the measured cost curve, on the kit drafter's trees.
 
 Writes one JSON document (`--output`) and prints a summary. Exit status 1 when an exactness check fails.
 """
@@ -319,19 +322,20 @@ def peak_memory(call, device) -> dict | None:
 # --- 2. plain generate, hf_tev and the transformers chain on the oracle ---
 
 
-def method_calls(target, drafter, prompt, known: dict, args, extra: dict):
+def method_calls(target, drafter, prompt, known: dict, args, extra):
     """`call_at(n)` per method: decodes n new tokens greedily and returns its units (steps, cycles, forwards),
-    or with `output=True` what generate returned. `known`: each oracle's continuation (`oracle_drafter`)."""
+    or with `output=True` what generate returned. `known`: each oracle's continuation (`oracle_drafter`);
+    `extra()`: each call's further generate arguments (a fresh static cache)."""
     from hf_tev import TEVConfig
 
     def plain(n):
-        target.generate(prompt, do_sample=False, max_new_tokens=n, **extra)
+        target.generate(prompt, do_sample=False, max_new_tokens=n, **extra())
         return n
 
     def tev(n, output=False):
         out = target.generate(
             prompt, do_sample=False, max_new_tokens=n, assistant_model=drafter, return_dict_in_generate=True,
-            tev_config=TEVConfig(budget=args.budget), **extra,
+            tev_config=TEVConfig(budget=args.budget), **extra(),
         )  # fmt: skip
         return out if output else out.tev_stats.num_cycles
 
@@ -342,7 +346,7 @@ def method_calls(target, drafter, prompt, known: dict, args, extra: dict):
             with oracle_chain(known["transformers_dflash_chain"], args.oracle_depth):
                 out = target.generate(
                     prompt, do_sample=False, max_new_tokens=n, assistant_model=drafter, speculation_type="dflash",
-                    **extra,
+                    **extra(),
                 )  # fmt: skip
         finally:
             hook.remove()
@@ -357,9 +361,11 @@ def settle_oracle(call_at, known: list, n: int, prompt_length: int, rounds: int 
     than a one-token step, so where a random target's top two logits nearly tie, the tree's argmax can differ
     from plain generate's (exactness is judged on the kit, in fp32); an oracle left on the plain continuation
     would then be wrong from there on and the cycles would accept about 1 token."""
-    first_mismatch, settled = None, False
+    first_mismatch, settled, first_call_s = None, False, None
     for round_ in range(rounds):
+        started = time.perf_counter()
         out = call_at(n, output=True)
+        first_call_s = time.perf_counter() - started if first_call_s is None else first_call_s
         sequence = out if isinstance(out, torch.Tensor) else out.sequences
         differs = (sequence[0] != known[0][0, : sequence.shape[1]]).nonzero()
         if round_ == 0 and differs.numel():
@@ -369,7 +375,7 @@ def settle_oracle(call_at, known: list, n: int, prompt_length: int, rounds: int 
             break
         known[0] = torch.cat([sequence, known[0][:, sequence.shape[1] :]], 1)
     return {"equals_plain_greedy": first_mismatch is None, "first_mismatch": first_mismatch,
-            "oracle_rounds": round_, "oracle_settled": settled}  # fmt: skip
+            "oracle_rounds": round_, "oracle_settled": settled, "first_call_s": first_call_s}  # fmt: skip
 
 
 def stage_breakdown(call_tev, n: int, device) -> dict:
@@ -410,35 +416,82 @@ def measure_method(name, call_at, args, device, known: dict, prompt_length: int)
     return row
 
 
+@contextlib.contextmanager
+def compiled_forward(target, enabled: bool):
+    """hf_tev's static mode as docs/usage.md#static-shapes shows it: the target's forward under `torch.compile`
+    (CUDA graphs); yields dynamo's counters of what the calls inside traced."""
+    if not enabled:
+        yield None
+        return
+    from torch._dynamo.utils import counters
+
+    original = target.forward
+    counters.clear()
+    target.forward = torch.compile(original, mode="reduce-overhead")
+    try:
+        yield counters
+    finally:
+        target.forward = original
+
+
+def static_cache_factory(target, length: int):
+    """A fresh transformers `StaticCache` of `length` positions per call: one length for both output lengths,
+    so one shape (a new `max_new_tokens` would otherwise be a new cache length, and a new graph)."""
+    from transformers import StaticCache
+
+    return lambda: {"cache": StaticCache(config=target.config, max_cache_len=length)}
+
+
 @torch.no_grad()
 def decode_mode(target, drafter, prompt, reference, curve, args, device, mode: str) -> dict:
-    """Plain generate, hf_tev and transformers' chain in one mode ("eager" or "static")."""
-    extra = {}
-    if mode == "static":  # one cache size for every call: one compiled decode step (CUDA), not one per length
-        extra = {"cache_implementation": "static", "max_cache_len": prompt.shape[1] + args.new_tokens + 32}
+    """Plain generate, hf_tev and transformers' chain in one mode: "eager", or "static" (a static cache for all
+    three; transformers compiles plain generate's step on CUDA itself, hf_tev's target forward is compiled here
+    unless `--compile no`)."""
+    static = mode == "static"
+    length = prompt.shape[1] + args.new_tokens + args.budget + 16  # the longest call and one padded tree
+    extra = static_cache_factory(target, length) if static else dict
+    compile_tev = static and (args.compile == "yes" or (args.compile == "auto" and device.type == "cuda"))
     known = {name: [reference.clone()] for name in ("hf_tev", "transformers_dflash_chain")}
     drafter.oracle_known[:] = known["hf_tev"]  # the drafter's oracle reads this mode's continuation
     known["hf_tev"] = drafter.oracle_known
     calls = method_calls(target, drafter, prompt, known, args, extra)
     result = {}
     for name, call_at in calls.items():
+        compiling = compiled_forward(target, compile_tev and name == "hf_tev")
         try:
-            result[name] = measure_method(name, call_at, args, device, known, prompt.shape[1])
+            with compiling as counters:
+                result[name] = measure_method(name, call_at, args, device, known, prompt.shape[1])
+                if name == "hf_tev":  # stage synchronisation on
+                    result[name]["stages"] = stage_breakdown(call_at, args.new_tokens, device)
+                if counters is not None:
+                    result[name]["compiled"] = compile_counts(counters)
         except Exception as error:  # noqa: BLE001 - a mode hf_tev or transformers refuses is reported, not fatal
             result[name] = {"skipped": first_line(error)}
     tev, plain = result["hf_tev"], result["plain"]
     if "skipped" in tev or "skipped" in plain:
         return result
-    stages = stage_breakdown(calls["hf_tev"], args.new_tokens, device)  # stage synchronisation on
-    tev["stages"] = stages
+    stages = tev["stages"]
     tev["cycle_ms"] = 1e3 * tev["seconds_per_unit"]
-    tev["own_ms"] = tev["cycle_ms"] - stages["draft_ms"] - 1e3 * pass_seconds(curve, stages["pass_nodes"])
+    # the tree pass: the measured curve's at the realised size (eager), or the synchronised stage's (static: the
+    # padded pass, compiled on CUDA, which the eager curve does not describe)
+    forward_ms = stages["forward_ms"] if static else 1e3 * pass_seconds(curve, stages["pass_nodes"])
+    tev["own_ms"] = tev["cycle_ms"] - stages["draft_ms"] - forward_ms
     plain["step_ms"] = 1e3 * plain["seconds_per_unit"]
     for name in ("hf_tev", "transformers_dflash_chain"):
         if "skipped" not in result[name]:
             result[name]["sr_per_token"] = plain["seconds_per_token"] / result[name]["seconds_per_token"]
             result[name]["sr_end_to_end"] = plain["seconds"][1] / result[name]["seconds"][1]
     return result
+
+
+def compile_counts(counters) -> dict:
+    """What the compiled calls traced: graphs, dynamo's recompiles and graph breaks (after a first call that
+    traces the prefill and the padded tree pass, later calls should trace nothing)."""
+    return {
+        "unique_graphs": counters["stats"]["unique_graphs"],
+        "recompiles": sum(counters["recompiles"].values()),
+        "graph_breaks": sum(counters["graph_break"].values()),
+    }
 
 
 def paper_tau(mode: dict, curve: dict, budget: int) -> dict:
@@ -703,7 +756,10 @@ def parse_args(argv):
     parser.add_argument("--kit-new-tokens", type=int, default=48)
     parser.add_argument("--law-draws", type=int, default=240, help="draws per verifier in the T = 1 law test")
     parser.add_argument("--batch-rows", type=int, default=16, help="rows per call of the batch law test")
-    parser.add_argument("--static", choices=["try", "skip"], default="try")
+    parser.add_argument("--static", choices=["try", "skip"], default="try", help="the static mode's section")
+    parser.add_argument(
+        "--compile", choices=["auto", "yes", "no"], default="auto", help="compile hf_tev's static target (auto: CUDA)"
+    )
     parser.add_argument("--time-budget", type=float, default=420.0, help="seconds after which sections are skipped")
     parser.add_argument("--output", default=None)
     args = parser.parse_args(argv)
@@ -773,8 +829,8 @@ def main(argv=None) -> dict:
         ("eager", lambda: bool(mode("eager"))),
         ("paper_tau", lambda: paper_tau(report["modes"]["eager"], report["tree_pass"], args.budget)),
         ("exactness", lambda: exactness(args, device)),
-        ("auto", lambda: auto_section(report, args, device)),
         ("static", lambda: bool(mode("static")) if args.static == "try" else {"skipped": "--static skip"}),
+        ("auto", lambda: auto_section(report, args, device)),
     ]
     run_sections(report, sections, args, started, write)
     if device.type == "cuda":

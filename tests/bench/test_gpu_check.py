@@ -62,8 +62,10 @@ def test_gpu_check_runs_its_whole_plan_on_cpu_at_tiny_sizes(gpu_check, tmp_path)
 
     static = report["modes"]["static"]
     assert static["plain"]["seconds_per_unit"] > 0  # transformers' static cache (compiled on CUDA only)
-    # while hf_tev refuses a static cache the mode says why; once it decodes with one, it must be exact
-    assert "static" in static["hf_tev"].get("skipped", "static") or static["hf_tev"]["equals_plain_greedy"]
+    # hf_tev's static tree pass (compiled on CUDA only, --compile auto): exact, the same oracle accepted
+    assert static["hf_tev"]["equals_plain_greedy"] and static["hf_tev"]["stages"]["pass_nodes"] == 9
+    assert 3 <= static["hf_tev"]["stages"]["tau"] <= 5 and "compiled" not in static["hf_tev"]
+    assert static["hf_tev"]["sr_per_token"] > 0 and static["hf_tev"]["first_call_s"] > 0
     assert report["seconds"] > 0 and "eager" not in report and "static" not in report
 
 
@@ -95,6 +97,7 @@ def test_an_oracle_follows_the_method_once_it_leaves_the_plain_continuation(gpu_
     known = [torch.tensor([[7, 7, 1, 2, 3, 4, 5, 6]])]  # a 2-token prompt, then plain greedy's continuation
     outputs = iter([torch.tensor([[7, 7, 1, 2, 9, 9]])] * 2)
     settled = gpu_check.settle_oracle(lambda n, output: next(outputs), known, 4, prompt_length=2)
+    assert settled.pop("first_call_s") >= 0
     assert settled == {"equals_plain_greedy": False, "first_mismatch": 2, "oracle_rounds": 1, "oracle_settled": True}
     assert known[0].tolist() == [[7, 7, 1, 2, 9, 9, 5, 6]]
 
