@@ -15,8 +15,9 @@ every section, so a run cut short still leaves what it measured):
    published DFlash layout's depth (5 layers, blocks of 16, random weights) made an oracle: it knows the target's
    greedy continuation `--oracle-depth` tokens deep (then it is the random drafter), so every cycle accepts about
    `--oracle-depth` tokens and the cache commit moves real entries. Per method: seconds per step / cycle as the
-   difference of two output lengths (no prefill, no warm-up), with hf_tev's stage synchronisation off; the stage
-   breakdown from a synchronised run (draft, build, tree pass, verify, and the rest: the commit); hf_tev's own
+   difference of two output lengths (no prefill, no warm-up; hf_tev's loop waits for nothing per stage: its stage
+   times are CUDA events read after the cycle's one wait); the stage breakdown from `TEVStats` (draft, build, tree
+   pass, verify, and the rest of the cycle: the commit of the tokens); hf_tev's own
    time per cycle (cycle - draft - tree pass at the realised size); host waits and kernels per step / cycle from
    the profiler (and, on CUDA, torch's sync debug mode); peak memory; the SR measured at the oracle's tau.
 3. `paper_tau`: from the measured curve, the draft time and hf_tev's own time, the SR the paper's tau at B = 64
@@ -202,27 +203,6 @@ def oracle_chain(known: list, depth: int):
         generator.get_candidates = real
 
 
-@contextlib.contextmanager
-def stage_syncs_off():
-    """hf_tev's stage clock without its per-stage device synchronisation (the cycle as a user runs it when
-    nothing reads the stage times); the stage times it records are then host times, not used here."""
-    from hf_tev.generation.outputs import StageClock
-
-    init = StageClock.__init__
-
-    def without_syncs(self, *args, **kwargs):
-        init(self, *args, **kwargs)
-        for name in ("sync", "synchronize"):  # main's name, and the deferred clock's
-            if hasattr(self, name):
-                setattr(self, name, False)
-
-    StageClock.__init__ = without_syncs
-    try:
-        yield
-    finally:
-        StageClock.__init__ = init
-
-
 # --- timing, counting, memory ---
 
 
@@ -379,9 +359,10 @@ def settle_oracle(call_at, known: list, n: int, prompt_length: int, rounds: int 
 
 
 def stage_breakdown(call_tev, n: int, device) -> dict:
-    """hf_tev's stage times per cycle from a run with its stage synchronisation on: draft, build, tree pass,
-    verify (processors, decision, cache commit of the path), and the rest of the cycle (the commit of the
-    tokens: outputs, stops, the drafter's context)."""
+    """hf_tev's stage times per cycle from a run's `TEVStats` (on CUDA the device time between events recorded at
+    each stage's end, no wait per stage; on the CPU host times): draft, build, tree pass, verify (processors,
+    decision, cache commit of the path), and the rest of the cycle (the commit of the tokens: outputs, stops, the
+    drafter's context), which the statistics do not keep: the cycle's wall time less the four."""
     seconds, out = timed(lambda: call_tev(n, output=True), device)
     stats = out.tev_stats
     summary = stats.summary()
@@ -390,7 +371,7 @@ def stage_breakdown(call_tev, n: int, device) -> dict:
     return {
         **{f"{key}_ms": 1e3 * value for key, value in stages.items()},
         "rest_ms": 1e3 * (cycle - sum(stages.values())),
-        "cycle_synced_ms": 1e3 * cycle,
+        "cycle_wall_ms": 1e3 * cycle,
         "tau": stats.tau,
         "tree_size": summary["tree_size"],
         "pass_nodes": statistics.fmean(stats.pass_nodes) if stats.pass_nodes else summary["tree_size"] + 1,
@@ -401,18 +382,16 @@ def stage_breakdown(call_tev, n: int, device) -> dict:
 def measure_method(name, call_at, args, device, known: dict, prompt_length: int) -> dict:
     lengths = (args.new_tokens // 2, args.new_tokens)
     oracle = settle_oracle(call_at, known[name], args.new_tokens, prompt_length) if name in known else {}
-    context = stage_syncs_off() if name == "hf_tev" else contextlib.nullcontext()
-    with context:
-        row = {**marginal(call_at, lengths, device, args.repeats), **oracle}
-        halves = (args.new_tokens // 4, args.new_tokens // 2)  # shorter runs: the profiler slows them down
-        for key, measure in (
-            ("per_unit", lambda: counts_per_unit(call_at, halves, device)),
-            ("memory", lambda: peak_memory(lambda: call_at(args.new_tokens), device)),
-        ):
-            try:  # the times are kept if the profiler or the memory statistics fail on this machine
-                row[key] = measure()
-            except Exception as error:  # noqa: BLE001
-                row[key] = {"failed": first_line(error)}
+    row = {**marginal(call_at, lengths, device, args.repeats), **oracle}
+    halves = (args.new_tokens // 4, args.new_tokens // 2)  # shorter runs: the profiler slows them down
+    for key, measure in (
+        ("per_unit", lambda: counts_per_unit(call_at, halves, device)),
+        ("memory", lambda: peak_memory(lambda: call_at(args.new_tokens), device)),
+    ):
+        try:  # the times are kept if the profiler or the memory statistics fail on this machine
+            row[key] = measure()
+        except Exception as error:  # noqa: BLE001
+            row[key] = {"failed": first_line(error)}
     return row
 
 
@@ -461,7 +440,7 @@ def decode_mode(target, drafter, prompt, reference, curve, args, device, mode: s
         try:
             with compiling as counters:
                 result[name] = measure_method(name, call_at, args, device, known, prompt.shape[1])
-                if name == "hf_tev":  # stage synchronisation on
+                if name == "hf_tev":
                     result[name]["stages"] = stage_breakdown(call_at, args.new_tokens, device)
                 if counters is not None:
                     result[name]["compiled"] = compile_counts(counters)
@@ -472,7 +451,7 @@ def decode_mode(target, drafter, prompt, reference, curve, args, device, mode: s
         return result
     stages = tev["stages"]
     tev["cycle_ms"] = 1e3 * tev["seconds_per_unit"]
-    # the tree pass: the measured curve's at the realised size (eager), or the synchronised stage's (static: the
+    # the tree pass: the measured curve's at the realised size (eager), or the recorded stage's (static: the
     # padded pass, compiled on CUDA, which the eager curve does not describe)
     forward_ms = stages["forward_ms"] if static else 1e3 * pass_seconds(curve, stages["pass_nodes"])
     tev["own_ms"] = tev["cycle_ms"] - stages["draft_ms"] - forward_ms
