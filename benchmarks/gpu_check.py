@@ -21,7 +21,8 @@ every section, so a run cut short still leaves what it measured):
    time per cycle (cycle - draft - tree pass at the realised size); host waits and kernels per step / cycle from
    the profiler (and, on CUDA, torch's sync debug mode); peak memory; the SR measured at the oracle's tau.
 3. `paper_tau`: from the measured curve, the draft time and hf_tev's own time, the SR the paper's tau at B = 64
-   (7.80 and 8.85) gives: SR = tau * t_step / (t_draft + t_pass(B + 1) + t_own).
+   (7.80 and 8.85) gives: SR = tau * t_step / (t_draft + t_pass(B + 1) + t_own) (`paper_tau_static`: the same
+   in the static mode, after section 5, its padded pass's recorded time as t_pass).
 4. `exactness` on the kit (fp32, real weights, on the device): greedy output of every verifier and budget equals
    the target's own greedy `generate`; a greedy batch equals each prompt alone; at T = 1, a seeded law test of
    every verifier (and of a batch) on a tiny-vocabulary target against its exact law, with a power check.
@@ -473,12 +474,15 @@ def compile_counts(counters) -> dict:
     }
 
 
-def paper_tau(mode: dict, curve: dict, budget: int) -> dict:
-    """The SR a tau gives under this target's measured costs: tau * t_step / (t_draft + t_pass(B+1) + t_own)."""
+def paper_tau(mode: dict, curve: dict | None, budget: int) -> dict:
+    """The SR a tau gives under this target's measured costs: tau * t_step / (t_draft + t_pass(B+1) + t_own),
+    t_pass(B+1) from the eager curve, or (`curve` None: the static mode, whose every pass is padded to B + 1)
+    the mode's recorded tree-pass stage."""
     tev, plain = mode["hf_tev"], mode["plain"]
     step = plain["seconds_per_unit"]
     draft, own = tev["stages"]["draft_ms"] / 1e3, tev["own_ms"] / 1e3
-    cycle = draft + pass_seconds(curve, budget + 1) + own
+    tree_pass = tev["stages"]["forward_ms"] / 1e3 if curve is None else pass_seconds(curve, budget + 1)
+    cycle = draft + tree_pass + own
     taus = {f"{tau:.2f}": tau for tau in PAPER_TAU_AT_B64}
     oracle_tau = tev["stages"]["tau"]
     return {
@@ -809,6 +813,7 @@ def main(argv=None) -> dict:
         ("paper_tau", lambda: paper_tau(report["modes"]["eager"], report["tree_pass"], args.budget)),
         ("exactness", lambda: exactness(args, device)),
         ("static", lambda: bool(mode("static")) if args.static == "try" else {"skipped": "--static skip"}),
+        ("paper_tau_static", lambda: paper_tau(report["modes"]["static"], None, args.budget)),
         ("auto", lambda: auto_section(report, args, device)),
     ]
     run_sections(report, sections, args, started, write)
@@ -852,9 +857,11 @@ def print_summary(report: dict) -> None:
                 text += f", own {row['own_ms']:.2f} ms/cycle, tau {row['stages']['tau']:.2f}"
                 text += f", equals plain greedy: {row['equals_plain_greedy']}"
             print(text)
-    paper = report.get("paper_tau", {})
-    if "sr" in paper:
-        print(f"SR at the paper's tau (B = {paper['budget']}):", {tau: round(sr, 2) for tau, sr in paper["sr"].items()})
+    for name in ("paper_tau", "paper_tau_static"):
+        paper = report.get(name, {})
+        if "sr" in paper:
+            srs = {tau: round(sr, 2) for tau, sr in paper["sr"].items()}
+            print(f"{name}: SR at the paper's tau (B = {paper['budget']}):", srs)
     print("exact:", report.get("exactness", {}).get("all_exact"))
     print(f"done in {report['seconds']:.0f} s")
 

@@ -66,6 +66,8 @@ def test_gpu_check_runs_its_whole_plan_on_cpu_at_tiny_sizes(gpu_check, tmp_path)
     assert static["hf_tev"]["equals_plain_greedy"] and static["hf_tev"]["stages"]["pass_nodes"] == 9
     assert 3 <= static["hf_tev"]["stages"]["tau"] <= 5 and "compiled" not in static["hf_tev"]
     assert static["hf_tev"]["sr_per_token"] > 0 and static["hf_tev"]["first_call_s"] > 0
+    assert report["paper_tau_static"]["oracle_tau"] == static["hf_tev"]["stages"]["tau"]
+    assert report["paper_tau_static"]["sr"]["7.80"] > 0
     assert report["seconds"] > 0 and "eager" not in report and "static" not in report
 
 
