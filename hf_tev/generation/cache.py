@@ -10,7 +10,7 @@ lengths), `select` (rows that stay) and `compact` (drop columns no row needs).
 from __future__ import annotations
 
 import torch
-from transformers.cache_utils import DynamicCache, DynamicLayer
+from transformers.cache_utils import DynamicCache, DynamicLayer, StaticCache
 
 from ..target_layers import BufferLayer, TreeStateLayer, sliding_window, tree_attention_masks
 from ..tree import DraftTree, TreeInputs, host_long, to_device
@@ -221,7 +221,13 @@ def commit_accepted_path(
 
 def crop_to(cache: DynamicCache, length: int) -> None:
     """`cache` cut to its first `length` positions, as `cache.crop` cuts it; a plain `DynamicLayer` by two narrow
-    views (the same views as its `crop`, which slices by index for several times the cost, every cycle)."""
+    views (the same views as its `crop`, which slices by index for several times the cost, every cycle); a
+    `StaticCache` by setting its layers' length counters, which live on the device (its `crop` reads them: a host
+    wait per layer)."""
+    if isinstance(cache, StaticCache):
+        for layer in cache.layers:
+            layer.cumulative_length.fill_(length)
+        return
     excess = cache.get_seq_length() - length
     if excess and type(cache).crop is not DynamicCache.crop:  # a cache class with its own crop
         cache.crop(-excess)

@@ -228,7 +228,8 @@ def tree_pass_inputs(model, real: torch.Tensor, rows: list[Row], cache, max_leng
     if real.shape[0] == 1:
         pad_columns = None if bool(real.all()) else (~real[0]).nonzero(as_tuple=True)[0]
         if padded_nodes is not None:
-            return StaticTreeInputs(model, padded_nodes, cache.get_max_length(), real.device, pad_columns)
+            columns, past = cache.get_max_length(), int(cache.get_seq_length())  # once per call
+            return StaticTreeInputs(model, padded_nodes, columns, real.device, pad_columns, past)
         return PromptTreeInputs(model, max_length, real.device, pad_columns)
     inputs = BatchTreeInputs(~real, model.dtype, model, max_length)
     if len(rows) < real.shape[0]:

@@ -76,23 +76,22 @@ class StaticTreeInputs:
         nodes (`int`): the node count every tree is padded to.
         columns (`int`): the static cache's length.
         hidden_columns (`torch.LongTensor`, *optional*): committed columns no node may see (left padding).
+        past (`int`): the committed length after the prefill.
     """
 
-    def __init__(self, model, nodes: int, columns: int, device, hidden_columns=None):
+    def __init__(self, model, nodes: int, columns: int, device, hidden_columns=None, past: int = 0):
         self.nodes, self.columns, self.hidden_columns = nodes, columns, hidden_columns
         self.min = torch.finfo(model.dtype).min
         self.mask = torch.full((nodes, columns), self.min, dtype=model.dtype, device=device)
         self.tokens = torch.zeros(1, nodes, dtype=torch.long, device=device)
         self.positions = torch.zeros(1, nodes, dtype=torch.long, device=device)
         self.visible = 0  # committed columns made visible so far
-        self.past = None  # the committed length on the host, once known (the static cache counts on the device)
+        self.past = past  # the committed length, counted on the host (the static cache counts on the device)
         pad = torch.arange(nodes, device=device)
         self.pad_rows = (pad, pad)  # a padded node's own column in the block
 
     def cache_length(self, cache) -> int:
         """The committed length: counted here from the accepted paths, so that no cycle reads the device's."""
-        if self.past is None:
-            self.past = int(cache.get_seq_length())
         return self.past
 
     def __call__(self, trees: list[DraftTree], past: int, first_positions: list[int]):

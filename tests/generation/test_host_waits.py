@@ -349,6 +349,17 @@ def test_one_prompt_waits_at_most_three_times_per_cycle(kit, temperature, fields
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_static_shapes_wait_at_most_three_times_per_cycle(kit, temperature):
+    """In static shapes the cache counts its length on the device: the loop counts it on the host from the
+    accepted paths, and the commit moves the counter without reading it."""
+    target, drafter, tokenizer = kit
+    options = {"cache_implementation": "static"}
+    cycles, _ = tev_waits(target, drafter, kit_inputs(tokenizer, 1), temperature, options, budget=8)
+    counts = [len(waits) for waits in cycles]
+    assert len(cycles) > 1 and max(counts) <= MOST_PER_CYCLE, (counts, max(cycles, key=len))
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_streaming_returned_scores_and_a_penalty_add_no_wait(kit, temperature):
     target, drafter, tokenizer = kit
     streamed = Collect()
