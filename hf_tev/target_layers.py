@@ -176,16 +176,13 @@ class BufferLayer(DynamicLayer):
         self.narrow_to(end)
         return self.keys, self.values
 
-    def crop(self, max_length: int) -> None:
-        """transformers' crop (a negative `max_length` removes that many positions), as a narrower view."""
-        length = self.get_seq_length()
-        max_length = length + max_length if max_length < 0 else max_length
-        if length <= max_length:
+    def crop(self, tokens_to_remove: int) -> None:
+        """transformers' crop (5.24: a negative count of positions to remove; 0 removes nothing; a positive one is
+        refused), as a narrower view of the buffers."""
+        if tokens_to_remove < 0 and self.is_initialized and self.in_buffer():
+            self.narrow_to(max(self.get_seq_length() - abs(tokens_to_remove), 0))
             return
-        if self.in_buffer():
-            self.narrow_to(max_length)
-        else:
-            super().crop(max_length)
+        super().crop(tokens_to_remove)
 
     def narrow_to(self, length: int) -> None:
         """`keys` / `values` become the buffers' first `length` positions (a crop, or the end of an update)."""

@@ -30,6 +30,9 @@ def test_a_buffer_layer_holds_what_a_dynamic_layer_holds_and_stays_put():
             buffered.crop(-crop)
         assert buffered.get_seq_length() == plain.get_seq_length()
     assert len(pointers) == 1  # within its headroom, the storage never moves
+    length = buffered.get_seq_length()
+    buffered.crop(0)  # transformers' crop: a count of positions to remove, 0 removes nothing
+    assert buffered.get_seq_length() == length == plain.get_seq_length()
     # a row selection replaces the tensors: the next update takes them into a new buffer, with the same result
     for layer in (plain, buffered):
         layer.batch_select_indices(torch.tensor([1]))
