@@ -19,7 +19,7 @@ import torch
 
 import hf_tev
 import hf_tev.generation
-from hf_tev.kit import load_kit_model, load_kit_prompts, load_kit_tokenizer
+from hf_tev.packaged import load_kit_model, load_kit_prompts, load_kit_tokenizer
 
 
 def main():

@@ -18,7 +18,7 @@ import time
 import numpy
 import torch
 
-from hf_tev.kit import load_kit_model
+from hf_tev.packaged import load_kit_model
 
 SMALL = torch.arange(20)
 ROOT = torch.tensor([3])

@@ -39,7 +39,7 @@ import torch
 import hf_tev
 import hf_tev.generation.loop as new_loop
 from hf_tev.bench.records import load_average
-from hf_tev.kit import kit_dir, load_kit_model, load_kit_prompts, load_kit_tokenizer
+from hf_tev.packaged import kit_dir, load_kit_model, load_kit_prompts, load_kit_tokenizer
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -104,7 +104,7 @@ def main(argv=None) -> None:
     torch.set_num_threads(args.threads)
 
     from hf_tev import TEVConfig
-    from hf_tev.kit import load_kit_model, load_kit_prompts, load_kit_tokenizer
+    from hf_tev.packaged import load_kit_model, load_kit_prompts, load_kit_tokenizer
 
     target, drafter = load_kit_model("target"), load_kit_model("drafter-dflash-l135")
     prompt = load_kit_tokenizer()(load_kit_prompts("heldout", 1)[0], return_tensors="pt").input_ids

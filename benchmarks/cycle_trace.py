@@ -22,7 +22,7 @@ import torch
 
 import hf_tev
 from hf_tev import verify
-from hf_tev.kit import load_kit_model, load_kit_prompts, load_kit_tokenizer
+from hf_tev.packaged import load_kit_model, load_kit_prompts, load_kit_tokenizer
 
 BUDGETS = (4, 16, 64)
 

@@ -499,7 +499,7 @@ def paper_tau(mode: dict, curve: dict | None, budget: int) -> dict:
 
 
 def kit_prompt_ids(tokenizer, prompts: int, device) -> list[torch.Tensor]:
-    from hf_tev.kit import load_kit_prompts
+    from hf_tev.packaged import load_kit_prompts
 
     texts = load_kit_prompts("humaneval", prompts)
     return [tokenizer(text, return_tensors="pt").input_ids.to(device) for text in texts]
@@ -510,7 +510,7 @@ def kit_greedy_exact(device, prompts: int, max_new_tokens: int) -> dict:
     """Greedy output of every verifier (at T = 0 each is the argmax walk; each must say so) and budget, and of a
     left-padded batch, against the kit target's own greedy `generate` of each prompt alone."""
     from hf_tev import TEVConfig
-    from hf_tev.kit import load_kit_model, load_kit_tokenizer
+    from hf_tev.packaged import load_kit_model, load_kit_tokenizer
 
     target, drafter = load_kit_model("target", device=device), load_kit_model("drafter-dflash-l135", device=device)
     tokenizer = load_kit_tokenizer()
@@ -648,7 +648,7 @@ def kit_trees(device, prompts: int, max_new_tokens: int, max_budget: int):
 
     from hf_tev import TEVConfig
     from hf_tev.generation import TreeCandidateGenerator, automatic_budget
-    from hf_tev.kit import load_kit_model, load_kit_prompts, load_kit_tokenizer
+    from hf_tev.packaged import load_kit_model, load_kit_prompts, load_kit_tokenizer
 
     target, drafter = load_kit_model("target", device=device), load_kit_model("drafter-dflash-l135", device=device)
     tokenizer = load_kit_tokenizer()

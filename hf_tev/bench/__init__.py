@@ -1,6 +1,6 @@
 """`hf-tev bench`: decoding methods side by side in one process, interleaved per prompt.
 
-    hf-tev bench --methods ar,ddtree,tev --drafters drafter-exittrain --budgets 32,64 --temperatures 0,0.6 \
+    hf-tev bench --methods ar,ddtree,tev --drafters drafter-dflash-l135 --budgets 32,64 --temperatures 0,0.6 \
         --prompt_sets humaneval --max_prompts 4 --max_new_tokens 64 --output bench_out
     hf-tev bench recipe.yaml                        # the same options from a YAML / JSON file
     hf-tev bench report bench_out/bench.json       # re-render bench.md and bench.png, no run

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from ..cli_options import apply_config, record_given_names, refuse_names_given_twice, split_config
 from ..help_view import ShortHelpFormatter, add_help_all, short_view
-from ..kit import KIT_DRAFTERS
+from ..packaged import KIT_DRAFTERS
 from .config import DTYPES, BenchConfig
 from .loading import check_sources
 from .methods import KIT_PROMPT_SETS, METHODS, PAPER_PROMPT_SETS, PROMPT_SETS, REFERENCE_METHOD
@@ -37,10 +37,10 @@ from .runner import run_bench
 TITLE = "Decoding methods side by side in one process, interleaved per prompt: tau, 1 + C, SR, stage times."
 FIRST_EXAMPLES = """\
     hf-tev bench                                    # the full table on the tiny kit (long on a CPU)
-    hf-tev bench --methods ar,ddtree,tev --drafters drafter-exittrain --budgets 32,64 --temperatures 0 \\
+    hf-tev bench --methods ar,ddtree,tev --drafters drafter-dflash-l135 --budgets 32,64 --temperatures 0 \\
         --prompt_sets humaneval --max_prompts 4 --max_new_tokens 64 --output bench_out"""
 MORE_EXAMPLES = """\
-    hf-tev bench --methods ddtree,tev --drafters drafter-exittrain --budgets 32,64,128 --temperatures 0.6 \\
+    hf-tev bench --methods ddtree,tev --drafters drafter-dflash-l135 --budgets 32,64,128 --temperatures 0.6 \\
         --prompt_sets humaneval --output bench_t06  # the paper's Table 3 is at T = 0.6
     python -m hf_tev.bench --target Qwen/Qwen3-4B --drafters z-lab/Qwen3-4B-DFlash-b16 --assistant Qwen/Qwen3-0.6B \\
         --device cuda --dtype bfloat16 --prompt_sets mt_bench,humaneval,gsm8k,math500 --temperatures 0,0.6,1

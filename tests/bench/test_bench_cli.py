@@ -13,7 +13,7 @@ import torch
 
 from hf_tev import bench
 from hf_tev.__main__ import main as hf_tev_main
-from hf_tev.kit import kit_path
+from hf_tev.packaged import kit_path
 
 KEPT = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "kit_3l_vs_l135_1thread" / "bench.json"
 
@@ -206,12 +206,12 @@ def _refusal(argv, capsys) -> str:
 
 @pytest.mark.parametrize("first, second", [("--drafters", "--drafter"), ("--drafter", "--drafters")])
 def test_an_option_given_under_two_of_its_names_is_refused_naming_both(first, second, tmp_path, no_run, capsys):
-    argv = [first, "drafter-dflash", second, "drafter-exittrain", "--output", str(tmp_path / "o")]
+    argv = [first, "drafter-dflash", second, "drafter-dflash-l135", "--output", str(tmp_path / "o")]
     line = _refusal(argv, capsys)
     assert f"{first} and {second} are two names of one argument (drafters)" in line and "give it once" in line
     assert not no_run
     recipe = tmp_path / "recipe.yaml"
-    recipe.write_text("drafters: drafter-dflash\ndrafter: drafter-exittrain\n")
+    recipe.write_text("drafters: drafter-dflash\ndrafter: drafter-dflash-l135\n")
     assert f"{recipe}: 'drafters' is given twice" in _refusal([str(recipe)], capsys)
 
 

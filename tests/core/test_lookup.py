@@ -121,7 +121,7 @@ def test_a_node_of_both_sources_is_one_node_with_the_larger_score():
 # ---------------------------------------------------------------------------------------------------------
 def test_greedy_with_context_drafts_equals_plain_generate_and_sources_add_up():
     from hf_tev import TEVConfig
-    from hf_tev.kit import load_kit_model, load_kit_prompts, load_kit_tokenizer
+    from hf_tev.packaged import load_kit_model, load_kit_prompts, load_kit_tokenizer
 
     tokenizer, target = load_kit_tokenizer(), load_kit_model("target")
     drafter = load_kit_model("drafter-dflash-l135")

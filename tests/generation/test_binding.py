@@ -28,7 +28,7 @@ NO_PATCH_SCRIPT = textwrap.dedent(
     from transformers import GenerationConfig, GenerationMixin, pipeline
     from transformers.generation import configuration_utils
     from transformers.models.auto import auto_factory
-    from hf_tev.kit import load_kit_model, load_kit_tokenizer
+    from hf_tev.packaged import load_kit_model, load_kit_tokenizer
 
     # 1. nothing global: no route, no auto-class wrapper, no generation-config field, no import hook
     chain, function = [], GenerationMixin.generate

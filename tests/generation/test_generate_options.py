@@ -321,7 +321,7 @@ def check_sampling(ctx, make):
 
 def check_kit(make):
     """Options that need the tokenizer, on the kit's real target and tokenizer."""
-    from hf_tev.kit import load_kit_model, load_kit_tokenizer
+    from hf_tev.packaged import load_kit_model, load_kit_tokenizer
 
     target, tokenizer = load_kit_model("target"), load_kit_tokenizer()
     options = make(None)

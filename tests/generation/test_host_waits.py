@@ -28,7 +28,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 import hf_tev
 from hf_tev.generation.verifier import next_token
-from hf_tev.kit import load_kit_model, load_kit_prompts, load_kit_tokenizer
+from hf_tev.packaged import load_kit_model, load_kit_prompts, load_kit_tokenizer
 
 CUDA = torch.device("cuda", 0)
 CPU = torch.device("cpu")

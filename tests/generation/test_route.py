@@ -15,7 +15,7 @@ from transformers import GenerationMixin, StoppingCriteria
 
 import hf_tev
 from hf_tev import TEVConfig
-from hf_tev.kit import kit_path
+from hf_tev.packaged import kit_path
 
 REPO = Path(__file__).resolve().parents[2]
 PROMPT = torch.tensor([[1, 5, 9, 13, 7]])
@@ -113,7 +113,7 @@ def test_disable_with_a_foreign_wrapper_keeps_theirs_and_passes_through():
 
 def test_custom_generate_callable_entry_with_streamer_and_stop_strings():
     from hf_tev.generation import tree_speculative_decode
-    from hf_tev.kit import load_kit_model, load_kit_tokenizer
+    from hf_tev.packaged import load_kit_model, load_kit_tokenizer
 
     target, tokenizer = load_kit_model("target"), load_kit_tokenizer()
     drafter = load_kit_model("drafter-dflash-l135")
@@ -296,7 +296,7 @@ def test_tev_config_in_a_generation_config_round_trip(tmp_path, form):
 
 
 def test_stop_strings_from_the_model_generation_config_and_tokenizer_options_without_one():
-    from hf_tev.kit import load_kit_model, load_kit_tokenizer
+    from hf_tev.packaged import load_kit_model, load_kit_tokenizer
 
     target, tokenizer = load_kit_model("target"), load_kit_tokenizer()
     drafter = load_kit_model("drafter-dflash-l135")
@@ -324,7 +324,7 @@ def test_stop_strings_from_the_model_generation_config_and_tokenizer_options_wit
 
 def kit_stop_case():
     """The kit target, drafter and tokenizer, a prompt, and a stop string inside its greedy continuation."""
-    from hf_tev.kit import load_kit_model, load_kit_tokenizer
+    from hf_tev.packaged import load_kit_model, load_kit_tokenizer
 
     target, tokenizer = load_kit_model("target"), load_kit_tokenizer()
     prompt = tokenizer("def fibonacci(n):\n", return_tensors="pt").input_ids

@@ -1,5 +1,5 @@
-"""The tiny model kit shipped in examples/tiny_kit: its files load, and TEV on the real trained target is exact
-with real acceptance (tau well above 1) on held-out prompts."""
+"""The tiny model kit (the package hf-tev-tiny-kit, tiny_kit/ of the checkout): its files load, and TEV on the
+real trained target is exact with real acceptance (tau well above 1) on held-out prompts."""
 
 import json
 
@@ -8,7 +8,15 @@ import torch
 from safetensors import safe_open
 
 import hf_tev
-from hf_tev.kit import KIT_DRAFTERS, KIT_MODELS, kit_dir, kit_path, load_kit_model, load_kit_prompts, load_kit_tokenizer
+from hf_tev.packaged import (
+    KIT_DRAFTERS,
+    KIT_MODELS,
+    kit_dir,
+    kit_path,
+    load_kit_model,
+    load_kit_prompts,
+    load_kit_tokenizer,
+)
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +79,7 @@ def test_kit_models_load_from_safetensors_only(monkeypatch, tmp_path):
         load_kit_model("target")
 
 
-@pytest.mark.parametrize("drafter_name", ["drafter-dflash", "drafter-exittrain"])
+@pytest.mark.parametrize("drafter_name", ["drafter-dflash", "drafter-dflash-l135"])
 def test_greedy_tev_on_heldout_prompts_is_exact_with_real_acceptance(target, tokenizer, drafter_name):
     drafter = load_kit_model(drafter_name)
     prompts = load_kit_prompts("heldout", 3) + load_kit_prompts("humaneval", 2)
@@ -112,3 +120,29 @@ def test_sampled_tev_on_the_kit_tracks_coverage(target, tokenizer):
     standard_error = differences.std() / len(differences) ** 0.5
     assert abs(differences.mean()) < 4 * standard_error + 1e-6
     assert stats.mean_coverage > 1.3
+
+
+def test_the_kit_is_found_through_its_installed_package(monkeypatch):
+    """Without `HF_TEV_KIT`, the kit is the installed `hf_tev_tiny_kit` package's folder; with neither, the error
+    says how to install it. hf_tev never looks for it in a source checkout."""
+    from hf_tev import packaged
+
+    monkeypatch.delenv("HF_TEV_KIT", raising=False)
+    assert kit_dir() == packaged.installed_package_dir("hf_tev_tiny_kit")
+    monkeypatch.setattr(packaged, "installed_package_dir", lambda module: None)
+    with pytest.raises(FileNotFoundError, match=r"pip install -e \./tiny_kit"):
+        kit_dir()
+
+
+def test_the_library_builds_no_path_into_a_checkout():
+    """No module of hf_tev climbs out of its own package folder or names the checkout's example folders: what a wheel
+    user gets must not depend on files beside the package."""
+    from pathlib import Path
+
+    package = Path(hf_tev.__file__).resolve().parent
+    offenders = []
+    for module in package.rglob("*.py"):
+        code = "\n".join(line.split("#")[0] for line in module.read_text().splitlines())
+        if ".parent.parent" in code or "examples/" in code or '"examples"' in code:
+            offenders.append(str(module.relative_to(package)))
+    assert offenders == []

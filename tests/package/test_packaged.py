@@ -101,7 +101,7 @@ def test_a_converted_folder_is_readable_by_everyone_whatever_the_umask(monkeypat
     import transformers
     from helpers import make_target
 
-    from hf_tev.kit import kit_path
+    from hf_tev.packaged import kit_path
 
     gguf = tmp_path / "package" / "SmolLM2-135M-Instruct.Q4_1.gguf"
     gguf.parent.mkdir()

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from hf_tev.__main__ import main as hf_tev_main
-from hf_tev.kit import kit_path
+from hf_tev.packaged import kit_path
 
 REPO = Path(__file__).resolve().parents[2]
 README = (REPO / "README.md").read_text()

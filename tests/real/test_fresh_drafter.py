@@ -29,7 +29,7 @@ def first_loss(target, prompt_ids: torch.Tensor, block_size: int = 8, seed: int 
 
 
 def test_a_fresh_drafter_starts_near_ln_v_on_the_kit():
-    from hf_tev.kit import load_kit_model, load_kit_tokenizer
+    from hf_tev.packaged import load_kit_model, load_kit_tokenizer
 
     target = load_kit_model("target")
     loss = first_loss(target, load_kit_tokenizer()("def add(a, b):\n    return", return_tensors="pt").input_ids)

@@ -18,7 +18,7 @@ from helpers import (
     training_rows,
 )
 
-from hf_tev.kit import kit_path
+from hf_tev.packaged import kit_path
 from hf_tev.training import ExitTrainer, cli
 
 

@@ -22,8 +22,8 @@ from helpers import (
 )
 
 import hf_tev.training.rollouts as rollouts_module
-from hf_tev.kit import kit_path
 from hf_tev.models.dflash.modeling_dflash import DFlashDraftModel
+from hf_tev.packaged import kit_path
 from hf_tev.training import ExitTrainer
 from hf_tev.training.losses import accepted_depths, opd_loss, replay_chains, replay_teacher_logits, rollout_batch
 from hf_tev.training.rollouts import collect_rollouts, rollout_from_lengths

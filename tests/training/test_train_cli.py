@@ -8,12 +8,20 @@ import sys
 
 import pytest
 import torch
-from helpers import KIT, KIT_PROMPTS, KIT_ROWS, run_command, small_run_flags, train_summary
+from helpers import (
+    KIT_PROMPTS,
+    KIT_ROWS,
+    KIT_STUDY_DRAFTERS,
+    REPO_ROOT,
+    run_command,
+    small_run_flags,
+    train_summary,
+)
 from huggingface_hub import ModelCard
 from safetensors.torch import load_file
 
-from hf_tev.kit import kit_path
 from hf_tev.models.dflash.modeling_dflash import DFlashDraftModel
+from hf_tev.packaged import KIT_MODELS, kit_path
 from hf_tev.training import cli
 
 
@@ -170,7 +178,8 @@ def test_hf_tev_train_push_offline_is_one_line_on_stderr(tmp_path):
 
 
 def kit_script():
-    spec = importlib.util.spec_from_file_location("kit_train_drafter", KIT / "train_drafter.py")
+    script = REPO_ROOT / "research" / "tiny_kit" / "train_drafter.py"
+    spec = importlib.util.spec_from_file_location("kit_train_drafter", script)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -179,7 +188,8 @@ def kit_script():
 @pytest.mark.parametrize("name", ["drafter-exittrain", "drafter-prefix", "drafter-finetuned", "drafter-dflash-l135"])
 def test_the_kit_recipe_keeps_its_meaning(name, tmp_path):
     script = kit_script()
-    recorded = json.loads((KIT / name / "trainlog.json").read_text())["args"]
+    folder = kit_path(name) if name in KIT_MODELS else KIT_STUDY_DRAFTERS / name
+    recorded = json.loads((folder / "trainlog.json").read_text())["args"]
     args = script.parse_args(["--objective", recorded["objective"], "--out", str(tmp_path), "--max-steps", "1"])
     vars(args).update(recorded)
     drafter = recorded["init"]

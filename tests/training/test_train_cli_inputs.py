@@ -11,8 +11,8 @@ import torch
 from helpers import KIT_ROWS
 from safetensors.torch import load_file
 
-from hf_tev.kit import kit_path
 from hf_tev.models.dflash.modeling_dflash import DFlashDraftModel
+from hf_tev.packaged import kit_path
 from hf_tev.training import cli
 
 # ---------------------------------------------------------------------------------------------

@@ -337,7 +337,7 @@ def test_evaluation_is_deterministic_and_reports_the_decoded_tau(target, tmp_pat
 def test_a_fresh_drafter_reads_tau_one_whatever_the_context_drafts_default():
     """The decoded tau of evaluations, cards and the Draft-OPD rollouts is the drafter's own: context drafts (on by
     default for greedy decoding) would give an untrained drafter on the kit's code prompts a tau of about 4."""
-    from hf_tev.kit import load_kit_model, load_kit_tokenizer
+    from hf_tev.packaged import load_kit_model, load_kit_tokenizer
     from hf_tev.training.rollouts import collect_rollouts
 
     target, tokenizer = load_kit_model("target"), load_kit_tokenizer()

@@ -1,6 +1,6 @@
 """Does a drafter copy from its context? Per-depth accuracy on the target's own repetition loops.
 
-    python examples/tiny_kit/copy_probe.py examples/tiny_kit/drafter-dflash-l135 examples/tiny_kit/drafter-dflash-3l
+    python research/tiny_kit/copy_probe.py drafter-dflash-l135 drafter-dflash-3l
 
 The kit's target falls into repetition loops when greedy, so at temperature 0 most of its continuations are
 verbatim copies of its own earlier output. A drafter that reads the context can draft those blocks whole (a
@@ -15,10 +15,11 @@ anchor, the same inputs as at decoding time: context features before the anchor,
 import argparse
 import json
 
+import paths
 import torch
 
 import hf_tev
-from hf_tev.kit import load_kit_model, load_kit_prompts, load_kit_tokenizer
+from hf_tev.packaged import load_kit_model, load_kit_prompts, load_kit_tokenizer
 
 
 def copyable(seq: list[int], anchor: int, ngram: int, depth: int) -> bool:
@@ -62,7 +63,7 @@ def probe(drafter, target, prompts, args) -> dict:
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("drafters", nargs="+", help="kit drafter names or folders")
+    parser.add_argument("drafters", nargs="+", help="kit or study drafter names, or folders")
     parser.add_argument("--prompts", type=int, default=4, help="prompts per set (held-out, HumanEval)")
     parser.add_argument("--max-new-tokens", type=int, default=96)
     parser.add_argument("--depth", type=int, default=4, help="depths scored (and the copyable block's length)")
@@ -80,10 +81,7 @@ def main():
     ]
     results = {}
     for name in args.drafters:
-        try:
-            drafter = load_kit_model(name)
-        except ValueError:  # not a kit name: a folder
-            drafter = hf_tev.DFlashDraftModel.from_pretrained(name).eval()
+        drafter = hf_tev.DFlashDraftModel.from_pretrained(paths.model_path(name)).eval()
         results[name] = probe(drafter, target, prompts, args)
         for kind, result in results[name].items():
             print(

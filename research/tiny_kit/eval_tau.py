@@ -1,7 +1,11 @@
 """Mean output-block length tau of the kit's drafters with TEV, per budget and temperature, on held-out prompts.
 
-    python examples/tiny_kit/eval_tau.py --drafters drafter-dflash,drafter-finetuned,drafter-prefix,drafter-exittrain \
-        --budgets 16,32,64,128 --temperatures 0,1 --prompts 16 --max-new-tokens 64 --output build/tau.json
+    python research/tiny_kit/eval_tau.py --drafters drafter-dflash,drafter-finetuned,drafter-prefix,drafter-exittrain \
+        --budgets 16,32,64,128 --temperatures 0,1 --prompts 16 --max-new-tokens 64 \
+        --output research/tiny_kit/build/tau.json
+
+`--drafters` takes kit drafter names (shipped in tiny_kit/hf_tev_tiny_kit/), the study drafters' names
+(`paths.STUDY_DRAFTERS`) or drafter folders.
 
 Prompts: the first `--prompts` held-out corpus prompts (`prompts/heldout.json`, files the target never saw)
 and the first `--prompts` HumanEval prompts (`prompts/humaneval.json`), trailing whitespace stripped.
@@ -13,12 +17,11 @@ import argparse
 import json
 from pathlib import Path
 
+import paths
 import torch
 
 import hf_tev
-from hf_tev.kit import KIT_MODELS, load_kit_model, load_kit_prompts, load_kit_tokenizer
-
-KIT = Path(__file__).resolve().parent
+from hf_tev.packaged import load_kit_model, load_kit_prompts, load_kit_tokenizer
 
 
 def load_prompts(count):
@@ -37,16 +40,16 @@ def main():
     parser.add_argument("--prompts", type=int, default=16, help="prompts per set")
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--output", default=str(KIT / "tau.json"))
+    parser.add_argument("--output", default=str(paths.HERE / "tau.json"))
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
     target = load_kit_model("target")
     prompt_sets = load_prompts(args.prompts)
     drafters = {
-        name: load_kit_model(name) if name in KIT_MODELS else hf_tev.DFlashDraftModel.from_pretrained(name).eval()
+        name: hf_tev.DFlashDraftModel.from_pretrained(paths.model_path(name)).eval()
         for name in args.drafters.split(",")
-    }  # kit names or drafter folders
+    }  # kit or study drafter names, or drafter folders
     records = []
     for temperature in [float(t) for t in args.temperatures.split(",")]:
         sampling = dict(do_sample=True, temperature=temperature, top_k=0) if temperature > 0 else dict(do_sample=False)

@@ -1,7 +1,7 @@
 """Draft-OPD on the kit: the four training objectives from one initialisation, and ExitTrain on top of Draft-OPD.
 
-    PYTHONPATH=. nice python examples/tiny_kit/opd_comparison.py --steps 30 --prompts 8 \
-        --out examples/tiny_kit/ablation/opd
+    PYTHONPATH=. nice python research/tiny_kit/opd_comparison.py --steps 30 --prompts 8 \
+        --out research/tiny_kit/ablation/opd
 
 Arms, each `--steps` optimizer steps from `--init` with the same data, batch, learning rate, schedule and seed
 (`train_drafter.py`'s recipe through `hf-tev train`):
@@ -34,11 +34,11 @@ import torch
 from scipy.stats import bootstrap
 
 import hf_tev
-from hf_tev.kit import KIT_MODELS, kit_path, load_kit_model, load_kit_prompts, load_kit_tokenizer
+from hf_tev.packaged import load_kit_model, load_kit_prompts, load_kit_tokenizer
 from hf_tev.training import cli
 
-KIT = Path(__file__).resolve().parent
-sys.path.insert(0, str(KIT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import paths  # noqa: E402
 import train_drafter  # noqa: E402  (the kit's recipe: flags -> hf-tev train arguments)
 
 ARMS = {  # arm -> (objective, the arm it starts from; None: --init)
@@ -170,10 +170,10 @@ def summarize(records: list[dict], logs: dict, args) -> str:
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--init", default="drafter-dflash-l135", help="kit drafter name or folder")
+    parser.add_argument("--init", default="drafter-dflash-l135", help="kit or study drafter name, or folder")
     parser.add_argument(
         "--data",
-        default=f"{KIT / 'data' / 'train_generated.jsonl'},{KIT / 'data' / 'train_generated_greedy.jsonl'}",
+        default=f"{paths.data_file('train_generated.jsonl')},{paths.data_file('train_generated_greedy.jsonl')}",
     )
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--learning-rate", type=float, default=3e-4)
@@ -192,12 +192,12 @@ def main(argv=None):
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--work", default=str(Path("/tmp") / "hf_tev_opd_comparison"), help="trained drafters")
-    parser.add_argument("--out", default=str(KIT / "ablation" / "opd"))
+    parser.add_argument("--out", default=str(paths.HERE / "ablation" / "opd"))
     parser.add_argument("--skip-train", action="store_true", help="reuse the drafters in --work")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     Path(args.out).mkdir(parents=True, exist_ok=True)
-    init = str(kit_path(args.init)) if args.init in KIT_MODELS else args.init
+    init = str(paths.model_path(args.init))
     arms = args.arms.split(",")
     logs = {}
     for arm in arms:

@@ -1,6 +1,6 @@
 """Table 2 / Table 5 view of eval_tau.py results: tau (and 1 + C) per drafter, budget and temperature.
 
-    python examples/tiny_kit/summarize_tau.py examples/tiny_kit/tau_T0.json examples/tiny_kit/tau_T1.json
+    python research/tiny_kit/summarize_tau.py research/tiny_kit/tau_T0.json research/tiny_kit/tau_T1.json
 
 Pools the prompt sets (cycle-weighted) and prints a markdown table, with each drafter's gain over drafter-dflash.
 """

@@ -6,13 +6,13 @@ tiny-code-target was trained on (200 B to 200 kB, UTF-8, no line over 1000
 characters), removes exact duplicates by SHA-1 of the file bytes, and splits by the
 target's rule: a file is held out when the first byte of its SHA-1 is < 3.
 
-Writes under --out (default examples/tiny_kit/build/):
+Writes under --out (default research/tiny_kit/build/):
     files_train.json, files_heldout.json   [{"root", "path", "sha1", "bytes"}], sorted by sha1
     train.bin, heldout.bin                 uint16 token ids, documents joined by <|endoftext|>
     corpus_stats.json                      counts, and the overlap with the target's held-out list
 
 Run:
-    nice -n 10 python examples/tiny_kit/build_corpus.py
+    nice -n 10 python research/tiny_kit/build_corpus.py
 """
 
 import argparse
@@ -26,9 +26,8 @@ import time
 from pathlib import Path
 
 import numpy as np
+import paths
 
-KIT_DIR = Path(__file__).resolve().parent
-TARGET_DIR = KIT_DIR / "target"  # the kit's copy of the tiny-code-target
 MIN_BYTES, MAX_BYTES, MAX_LINE_CHARS = 200, 200_000, 1000
 HELDOUT_FIRST_BYTE = 3  # held out when sha1(file bytes)[0] < 3, the target's rule
 EOT = "<|endoftext|>"
@@ -140,9 +139,10 @@ def compare_with_target(heldout: list[dict], target_list: Path) -> dict:
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", type=Path, default=KIT_DIR / "build")
-    parser.add_argument("--tokenizer", type=Path, default=TARGET_DIR / "tokenizer.json")
-    parser.add_argument("--target-heldout", type=Path, default=TARGET_DIR / "heldout_files.json")
+    target = paths.model_path("target")  # the kit's copy of the tiny-code-target
+    parser.add_argument("--out", type=Path, default=paths.BUILD)
+    parser.add_argument("--tokenizer", type=Path, default=target / "tokenizer.json")
+    parser.add_argument("--target-heldout", type=Path, default=target / "heldout_files.json")
     parser.add_argument(
         "--root",
         action="append",

@@ -1,7 +1,7 @@
 """The highest tau any drafter can reach with an exact verifier: the target's own best tree of B nodes.
 
-    python examples/tiny_kit/coverage_ceiling.py --prompts 24 --budgets 16,32,64 --temperatures 1 \
-        --output examples/tiny_kit/ablation/coverage_ceiling.json
+    python research/tiny_kit/coverage_ceiling.py --prompts 24 --budgets 16,32,64 --temperatures 1 \
+        --output research/tiny_kit/ablation/coverage_ceiling.json
 
 Why it bounds tau: an exact verifier's output Y_1, Y_2, ... follows the target's law, and it can accept k drafted
 tokens only if Y_1..Y_k is a path of the tree. So P(accepted >= k) <= P_target(Y_1..Y_k is in the tree), and
@@ -30,7 +30,7 @@ import statistics
 import torch
 from transformers import DynamicCache
 
-from hf_tev.kit import load_kit_model, load_kit_prompts, load_kit_tokenizer
+from hf_tev.packaged import load_kit_model, load_kit_prompts, load_kit_tokenizer
 
 
 @torch.no_grad()

