@@ -23,15 +23,13 @@ Measured figures, with their commands, are in README.md ("What speedup to expect
 import argparse
 import statistics
 import time
-from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import hf_tev
-from hf_tev.packaged import default_drafter, resolve
+from hf_tev.packaged import default_drafter, kit_path, resolve
 
-KIT = Path(__file__).resolve().parent / "tiny_kit"
 TARGET = "HuggingFaceTB/SmolLM2-135M-Instruct"
 PROMPT = """Fix the bug in this Python function and show the corrected function:
 
@@ -89,12 +87,15 @@ def main():
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    if args.kit:
-        args.target = str(KIT / "target")
-    if args.drafter == "auto":  # the kit's drafter, the one trained for a packaged target, else none
-        trained = str(KIT / "drafter-dflash-l135") if args.kit else default_drafter(args.target)
-        args.drafter = str(trained) if trained else None
-    elif args.drafter == "none":
+    try:
+        if args.kit:
+            args.target = str(kit_path("target"))  # the installed kit (pip install -e ./tiny_kit)
+        if args.drafter == "auto":  # the kit's drafter, the one trained for a packaged target, else none
+            trained = kit_path("drafter-dflash-l135") if args.kit else default_drafter(args.target)
+            args.drafter = str(trained) if trained else None
+    except FileNotFoundError as error:
+        parser.error(str(error))
+    if args.drafter == "none":
         args.drafter = None
     prompt = (args.prompt or (KIT_PROMPT if args.kit else PROMPT)).rstrip()
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from ..packaged import KIT_DRAFTERS, load_kit_model, load_kit_tokenizer
+from ..packaged import KIT_DRAFTERS, kit_dir, load_kit_model, load_kit_tokenizer
 from ..packaged import resolve as resolve_packaged
 from .config import DTYPES, BenchConfig
 from .methods import METHODS, PROMPT_SETS
@@ -63,6 +63,11 @@ def check_sources(config: BenchConfig) -> None:
     """Raise `ValueError` naming the option and the cause when a model `config` names cannot be what its option
     needs: a folder that does not exist, a drafter folder that holds no DFlash drafter, a target folder without
     safetensors weights (unless `allow_pickle_target`), or, with the Hub offline, a Hub id not in the cache."""
+    if config.target is None:  # the kit's target: the kit must be installed (or HF_TEV_KIT set)
+        try:
+            kit_dir()
+        except FileNotFoundError as error:
+            raise ValueError(f"--target is not given, so the bench runs on the tiny kit: {error}") from None
     named = [("--target", resolve_packaged(config.target), True)] if config.target is not None else []
     assistant = _assistant_name(config)
     if assistant is not None and not _is_kit_model(config, assistant, ("assistant-ar",)):

@@ -109,6 +109,18 @@ def test_bad_input_is_one_clear_line_before_any_model_is_loaded(case, message, t
     assert not no_run
 
 
+def test_without_a_target_or_a_kit_the_error_says_how_to_install_the_kit(tmp_path, no_run, monkeypatch, capsys):
+    from hf_tev import packaged
+
+    monkeypatch.delenv("HF_TEV_KIT", raising=False)
+    monkeypatch.setattr(packaged, "installed_package_dir", lambda module: None)  # as in a wheel without the kit
+    with pytest.raises(SystemExit) as exit_info:
+        hf_tev_main(["bench", "--methods", "ar", "--output", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and "Traceback" not in err
+    assert "--target is not given" in err and "pip install -e ./tiny_kit" in err and not no_run
+
+
 def test_pickle_target_names_the_flag_and_loads_with_it(tmp_path):
     folder = _pickle_only_folder(tmp_path)
     config = bench.BenchConfig(target=str(folder), methods=["ar"], drafters=[], progress=False)
