@@ -1,6 +1,9 @@
 """The paper's Table 2 on SmolLM2-135M-Instruct: tau of the ExitTrain drafter against the standard one, TEV.
 
     python research/smollm2_table2/table2.py --prompts 16 --max-new-tokens 64 --threads 2    # after train_drafters.py
+    python research/smollm2_table2/table2.py --drafters standard=DIR_A,prefix=DIR_B,exit=DIR_C --output OUT.json
+
+Every drafter after the first is compared with the first.
 
 Prompts: the first `--prompts` of each benchmark set (MT-Bench, HumanEval, GSM8K, MATH-500; test splits, never a
 training prompt: hf_tev/bench/prompts/SOURCES.md), chat-templated. Every drafter decodes every prompt at every
@@ -38,15 +41,27 @@ SHIPPED = {
 }
 
 
-def drafter_folder(runs: Path, stage: str) -> Path:
-    """A stage's own run where this machine trained it, else the drafter shipped from it."""
-    run = runs / stage
-    return run if (run / "model.safetensors").is_file() else SHIPPED[stage]
+def drafter_folder(runs: Path, name: str) -> Path:
+    """A `--drafters` entry's folder: `name=FOLDER` names any drafter folder; a bare stage name is that stage's own
+    run where this machine trained it, else the drafter shipped from it."""
+    if "=" in name:
+        return Path(name.split("=", 1)[1])
+    run = runs / name
+    return run if (run / "model.safetensors").is_file() else SHIPPED[name]
+
+
+def drafter_name(entry: str) -> str:
+    """The name a `--drafters` entry is recorded and reported under: `name` of `name=FOLDER`, else the stage."""
+    return entry.split("=", 1)[0]
 
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--drafters", default="dflash,exit", help="stages, standard first")
+    parser.add_argument(
+        "--drafters",
+        default="dflash,exit",
+        help="stages (dflash, exit) or NAME=FOLDER entries, the reference first: every other is compared with it",
+    )
     parser.add_argument("--runs", default=str(HERE / "runs"))
     parser.add_argument("--budgets", default="64,16", help="measured in this order")
     parser.add_argument("--temperatures", default="0,1")
@@ -114,7 +129,8 @@ def main(argv=None):
     torch.set_num_threads(args.threads)
     output = Path(args.output or Path(args.runs) / "table2.json")
     records = json.loads(output.read_text()) if output.is_file() else []
-    names = args.drafters.split(",")
+    entries = args.drafters.split(",")
+    names = [drafter_name(entry) for entry in entries]
     if args.report:
         print(report(records, names, args.resamples))
         return
@@ -122,7 +138,10 @@ def main(argv=None):
     path = packaged_model_path(TARGET)
     target = AutoModelForCausalLM.from_pretrained(path, attn_implementation="sdpa").eval()
     tokenizer = AutoTokenizer.from_pretrained(path)
-    drafters = {n: hf_tev.DFlashDraftModel.from_pretrained(drafter_folder(Path(args.runs), n)).eval() for n in names}
+    drafters = {
+        drafter_name(e): hf_tev.DFlashDraftModel.from_pretrained(drafter_folder(Path(args.runs), e)).eval()
+        for e in entries
+    }
     budgets = [int(b) for b in args.budgets.split(",")]
     temperatures = [float(t) for t in args.temperatures.split(",")]
     prompts = chat_prompts(tokenizer, args.prompts)
@@ -144,33 +163,41 @@ def main(argv=None):
 
 
 def report(records, names: list[str], resamples: int) -> str:
-    """The measured cells as a markdown table: pooled tau of both drafters, their paired ratio with its interval,
-    the prompts measured, and per drafter the mean tree coverage 1 + C and the share of cycles accepting the root
-    alone (why a gain is or is not there)."""
-    base, arm = names[0], names[-1]
+    """The measured cells as a markdown table, one row per drafter and cell: pooled tau, its paired ratio to the
+    first drafter with a 95% interval, the mean tree coverage 1 + C, the share of cycles accepting the root alone,
+    and the per-depth acceptance P(accepted length > d | > d - 1) for d = 1..4 (why a gain is or is not there)."""
+    base = names[0]
     lines = [
-        f"| B | T | prompts | tau {base} | tau {arm} | {arm} / {base} (95% paired bootstrap) "
-        f"| 1 + C {base} / {arm} | root-only cycles {base} / {arm} |",
-        "|---|---|---|---|---|---|---|---|",
+        f"| B | T | drafter | prompts | tau | / {base} (95% paired bootstrap) | 1 + C | root-only cycles "
+        "| acceptance at depth 1 / 2 / 3 / 4 |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     cells = sorted({(r["temperature"], r["budget"]) for r in records}, key=lambda c: (c[0], -c[1]))
     for temperature, budget in cells:
         cell = [r for r in records if r["budget"] == budget and r["temperature"] == temperature]
-        arms = {n: [r for r in cell if r["drafter"] == n] for n in (base, arm)}
-        if not all(arms.values()):
-            continue
-        taus = {n: pooled_tau(rows) for n, rows in arms.items()}
-        coverage = {n: np.mean([r["coverage"] for r in rows if r["coverage"] is not None]) for n, rows in arms.items()}
-        root_only = {
-            n: np.mean([length == 1 for r in rows for length in r["accepted_lengths"]]) for n, rows in arms.items()
-        }
-        ratio, low, high = ratio_interval(cell, base, arm, resamples)
-        lines.append(
-            f"| {budget} | {temperature:g} | {min(len(v) for v in arms.values())} | {taus[base]:.3f} | {taus[arm]:.3f} "
-            f"| {ratio:.3f} ({low:.3f}-{high:.3f}) | {coverage[base]:.2f} / {coverage[arm]:.2f} "
-            f"| {root_only[base]:.1%} / {root_only[arm]:.1%} |"
-        )
+        for name in names:
+            rows = [r for r in cell if r["drafter"] == name]
+            if not rows or not any(r["drafter"] == base for r in cell):
+                continue
+            interval = None if name == base else ratio_interval(cell, base, name, resamples)
+            ratio = "" if interval is None else "{:.3f} ({:.3f}-{:.3f})".format(*interval)
+            coverage = np.mean([r["coverage"] for r in rows if r["coverage"] is not None])
+            lengths = np.array([length for r in rows for length in r["accepted_lengths"]])
+            lines.append(
+                f"| {budget} | {temperature:g} | {name} | {len(rows)} | {pooled_tau(rows):.3f} | {ratio} "
+                f"| {coverage:.2f} | {np.mean(lengths == 1):.1%} | {depth_acceptance(lengths)} |"
+            )
     return "\n".join(lines) + "\n"
+
+
+def depth_acceptance(lengths: np.ndarray, depths: int = 4) -> str:
+    """P(a cycle accepts more than d drafted tokens | it accepted d - 1), d = 1..depths: an accepted length counts
+    the bonus token, so `length > d` means d drafted tokens were accepted."""
+    shares = []
+    for depth in range(1, depths + 1):
+        reached = lengths >= depth
+        shares.append(f"{np.mean(lengths[reached] > depth):.0%}" if reached.any() else "-")
+    return " / ".join(shares)
 
 
 if __name__ == "__main__":
