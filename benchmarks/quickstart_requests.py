@@ -155,9 +155,9 @@ def main(argv=None) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     import hf_tev
-    from hf_tev.packaged import default_drafter, resolve
+    from hf_tev.packaged import default_drafter, pretrained_source
 
-    source = resolve(TARGET)
+    source = pretrained_source(TARGET)
     tokenizer = AutoTokenizer.from_pretrained(source)
     target = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32, attn_implementation="sdpa").eval()
     drafter = hf_tev.DFlashDraftModel.from_pretrained(default_drafter(TARGET), dtype=torch.float32).eval()

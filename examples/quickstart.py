@@ -28,7 +28,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import hf_tev
-from hf_tev.packaged import default_drafter, kit_path, resolve
+from hf_tev.packaged import default_drafter, kit_path, pretrained_source
 
 TARGET = "HuggingFaceTB/SmolLM2-135M-Instruct"
 PROMPT = """Fix the bug in this Python function and show the corrected function:
@@ -100,7 +100,7 @@ def main():
     prompt = (args.prompt or (KIT_PROMPT if args.kit else PROMPT)).rstrip()
 
     dtype = getattr(torch, args.dtype)
-    source = resolve(args.target)  # a packaged model's converted folder, else the name itself
+    source = pretrained_source(args.target)  # a local folder, else a packaged model's converted folder, else the name
     tokenizer = AutoTokenizer.from_pretrained(source)
     target = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, attn_implementation="sdpa")
     target = target.to(args.device).eval()

@@ -40,6 +40,7 @@ import json
 import os
 import shutil
 import time
+import warnings
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -132,15 +133,23 @@ def is_local_folder(name: str | os.PathLike) -> bool:
     return Path(name).is_dir()
 
 
-def resolve(name: str) -> str:
+def uses_packaged_model(name: str) -> bool:
+    """Whether `pretrained_source(name)` is a packaged model's converted folder: `name` is the Hub id of a packaged
+    model whose package is installed, and no local folder is spelled like it. Answered without converting."""
+    return not is_local_folder(name) and name in PACKAGED_MODELS and is_installed(name)
+
+
+def pretrained_source(name: str) -> str:
     """What `from_pretrained` should read for `name`: `name` itself when it is an existing folder (a local folder
     always wins, as in transformers), else the converted folder of a packaged model whose package is installed (the
-    same weights on every machine, online or not), else `name` itself (a Hub id)."""
-    if is_local_folder(name):
-        return name
-    if name in PACKAGED_MODELS and is_installed(name):
-        return str(packaged_model_path(name))
-    return name
+    same weights on every machine, online or not; converted here on first use), else `name` itself (a Hub id)."""
+    return str(packaged_model_path(name)) if uses_packaged_model(name) else name
+
+
+def resolve(name: str) -> str:
+    """The old name of `pretrained_source`, kept for callers written before the rename (with a FutureWarning)."""
+    warnings.warn("hf_tev.packaged.resolve is now hf_tev.packaged.pretrained_source", FutureWarning, stacklevel=2)
+    return pretrained_source(name)
 
 
 SHIPPED_DRAFTERS = Path(__file__).resolve().parent / "shipped_drafters"  # package data: in the wheel too
@@ -149,8 +158,8 @@ SHIPPED_DRAFTERS = Path(__file__).resolve().parent / "shipped_drafters"  # packa
 def default_drafter(hub_id: str) -> Path | None:
     """The folder of the DFlash drafter trained for a packaged target, shipped inside the package
     (`hf_tev/shipped_drafters/`, so a wheel has it too), or None where there is none: no drafter was trained for
-    it, or `hub_id` is a local folder spelled like the Hub id (which `resolve` loads instead of the packaged model,
-    and which the shipped drafter was not trained against)."""
+    it, or `hub_id` is a local folder spelled like the Hub id (which `pretrained_source` loads instead of the
+    packaged model, and which the shipped drafter was not trained against)."""
     model = PACKAGED_MODELS.get(hub_id)
     if model is None or is_local_folder(hub_id) or model.drafter is None:
         return None

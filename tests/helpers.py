@@ -1,4 +1,5 @@
-"""Builders the test modules share: tiny targets and drafters, oracles, statistics, training rows and arguments.
+"""Builders the test modules share: tiny targets and drafters, oracles, statistics, training rows and arguments,
+and bench documents.
 
 Test modules import from here (never from one another); fixtures that wrap these live in `conftest.py`.
 """
@@ -497,3 +498,69 @@ def run_two_processes(script: str, tmp_path) -> tuple[list[dict], Path]:
     first_traceback = result.stderr[result.stderr.find("Traceback") :][:3000] if "Traceback" in result.stderr else ""
     assert result.returncode == 0, result.stdout[-3000:] + first_traceback + result.stderr[-3000:]
     return [json.loads((out / f"rank{rank}.json").read_text()) for rank in (0, 1)], out
+
+
+# --- bench documents (bench report tests) ---
+# `hf_tev.bench` is imported inside these builders: importing it takes seconds, which the many test modules that
+# import helpers for other builders would pay for nothing.
+
+
+def bench_record(method, drafter, budget, temperature, prompt_set, speedups, taus, per_prompt=True, **extra):
+    """A record of `hf_tev.bench/1` with the given per-prompt SR and tau (and the same values pooled)."""
+    from hf_tev import bench
+
+    record = dict.fromkeys(bench.RECORD_FIELDS)
+    record.update(
+        method=method,
+        drafter=drafter,
+        budget=budget,
+        temperature=temperature,
+        prompt_set=prompt_set,
+        prompts=len(speedups),
+        speedup=sum(speedups) / len(speedups),
+        tau=sum(taus) / len(taus),
+        tokens_per_s=100 * sum(speedups) / len(speedups),
+        greedy_exact=True if temperature == 0 else None,
+        **extra,
+    )
+    if per_prompt:
+        record["per_prompt"] = dict(speedup=speedups, tau=taus, tokens_per_s=[100 * s for s in speedups])
+    return record
+
+
+def fake_document(budgets=(4, 64, "auto"), per_prompt=True) -> dict:
+    """Two prompt sets, T = 0, `ar`, `prompt_lookup` and `tev` with one drafter at `budgets`."""
+    from hf_tev import bench
+
+    records = []
+    for prompt_set in ("humaneval", "heldout"):
+        records.append(bench_record("ar", None, None, 0.0, prompt_set, [1.0, 1.0, 1.0], [1.0, 1.0, 1.0], per_prompt))
+        records.append(
+            bench_record("prompt_lookup", None, None, 0.0, prompt_set, [1.2, 1.4, 1.6], [1.5, 2, 2.5], per_prompt)
+        )
+        for budget in budgets:
+            size = 8 if budget == "auto" else budget
+            speedups = [0.8 + size / 100, 0.9 + size / 100, 1.0 + size / 100]
+            taus = [1.5 + size / 50, 1.7 + size / 50, 1.9 + size / 50]
+            records.append(
+                bench_record("tev", "drafter-x", budget, 0.0, prompt_set, speedups, taus, per_prompt, cycle_ms=2.0)
+            )
+    settings = dict(
+        target="org/target-model",
+        temperatures=[0.0],
+        budgets=list(budgets),
+        max_prompts=3,
+        max_new_tokens=16,
+        repeats=1,
+    )
+    machine = dict(
+        device="cpu",
+        device_name="Some CPU 9000",
+        dtype="float32",
+        cpu_count=8,
+        torch_threads=4,
+        load_average=[0.5, 0.6],
+        torch="2",
+        transformers="5",
+    )
+    return dict(schema=bench.SCHEMA, settings=settings, machine=machine, warnings=[], records=records)

@@ -68,7 +68,7 @@ from .cli import (
     report_main,
 )
 from .config import DTYPES, BenchConfig, generate_kwargs_by_temperature, sampling_kwargs
-from .loading import BenchModels, check_sources, load_models, load_prompt_texts, tokenize_prompts
+from .loading import BenchModels, check_sources, load_bench_models, load_prompt_texts, tokenize_prompts
 from .measure import ForwardProbe, Job, Run, capture_logits_processor, run_once
 from .methods import (
     METHODS,
@@ -145,7 +145,7 @@ __all__ = [
     "check_output_folder",
     "generate_kwargs_by_temperature",
     "greedy_mismatch",
-    "load_models",
+    "load_bench_models",
     "load_prompt_texts",
     "machine_info",
     "main",

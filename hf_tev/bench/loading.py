@@ -1,4 +1,4 @@
-"""Loading what the bench runs on: the models (`load_models` gives `BenchModels`: the target, its tokenizer, the
+"""Loading what the bench runs on: the models (`load_bench_models` gives `BenchModels`: the target, its tokenizer, the
 drafters and the causal assistant) and the prompts (`load_prompt_texts`, then `tokenize_prompts`).
 
 `check_sources(config)` checks, before anything is loaded, that every folder named exists and holds what its
@@ -15,8 +15,7 @@ from pathlib import Path
 
 import torch
 
-from ..packaged import KIT_DRAFTERS, kit_dir, load_kit_model, load_kit_tokenizer
-from ..packaged import resolve as resolve_packaged
+from ..packaged import KIT_DRAFTERS, kit_dir, load_kit_model, load_kit_tokenizer, pretrained_source, uses_packaged_model
 from .config import DTYPES, BenchConfig
 from .methods import METHODS, PROMPT_SETS
 
@@ -62,13 +61,18 @@ def _is_kit_model(config: BenchConfig, name: str, kit_names) -> bool:
 def check_sources(config: BenchConfig) -> None:
     """Raise `ValueError` naming the option and the cause when a model `config` names cannot be what its option
     needs: a folder that does not exist, a drafter folder that holds no DFlash drafter, a target folder without
-    safetensors weights (unless `allow_pickle_target`), or, with the Hub offline, a Hub id not in the cache."""
+    safetensors weights (unless `allow_pickle_target`), or, with the Hub offline, a Hub id not in the cache. The
+    Hub id of a packaged model whose package is installed passes unconverted (`load_bench_models` converts it)."""
     if config.target is None:  # the kit's target: the kit must be installed (or HF_TEV_KIT set)
         try:
             kit_dir()
         except FileNotFoundError as error:
             raise ValueError(f"--target is not given, so the bench runs on the tiny kit: {error}") from None
-    named = [("--target", resolve_packaged(config.target), True)] if config.target is not None else []
+    named = []
+    # Not `pretrained_source`: it converts a packaged GGUF (tens of seconds) in a check meant to be cheap, and the
+    # folder it converts to holds safetensors weights anyway.
+    if config.target is not None and not uses_packaged_model(config.target):
+        named.append(("--target", config.target, True))
     assistant = _assistant_name(config)
     if assistant is not None and not _is_kit_model(config, assistant, ("assistant-ar",)):
         named.append(("--assistant", assistant, True))
@@ -167,7 +171,7 @@ def _load_causal_lm(option: str, name: str, config: BenchConfig, **kwargs):
     return model.to(config.device).eval()
 
 
-def load_models(config: BenchConfig) -> BenchModels:
+def load_bench_models(config: BenchConfig) -> BenchModels:
     check_sources(config)
     dtype, device = DTYPES[config.dtype], config.device
     if config.target is None:
@@ -175,7 +179,7 @@ def load_models(config: BenchConfig) -> BenchModels:
     else:
         from transformers import AutoTokenizer
 
-        source = resolve_packaged(config.target)
+        source = pretrained_source(config.target)
         target = _load_causal_lm("--target", source, config, attn_implementation="sdpa")
         tokenizer = AutoTokenizer.from_pretrained(source)
     drafters = {name: _load_drafter(name, config, dtype, device) for name in config.drafters}

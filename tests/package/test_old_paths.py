@@ -1,9 +1,11 @@
 """The drafter's modules before `hf_tev/models/dflash/` (issue 46): the old top-level names still import, warn
-with a FutureWarning naming the new path, and give the very objects of the new modules; nothing in hf_tev, the
-tests, the benchmarks, the examples or the Hub recipe imports them."""
+with a FutureWarning naming the new path, and give the very objects of the new modules; likewise a renamed function
+still answers under its old name, warning with the new one. Nothing in hf_tev, the tests, the benchmarks, the
+examples or the Hub recipe uses an old path or name."""
 
 import ast
 import importlib
+import re
 import sys
 from pathlib import Path
 
@@ -17,6 +19,7 @@ OLD_PATHS = {
     "hf_tev.auto_class": "hf_tev.models.dflash.auto",
     "hf_tev.native_drafters": "hf_tev.models.dflash.native",
 }
+OLD_NAMES = {"hf_tev.packaged.resolve": "hf_tev.packaged.pretrained_source"}  # renamed functions, kept as aliases
 CODE_FOLDERS = ("hf_tev", "tests", "benchmarks", "examples", "custom_generate")
 
 
@@ -39,6 +42,13 @@ def test_the_old_files_helper_name_is_the_one_architecture_helper():
     assert architecture_names({"architectures": "DFlashDraftModel"}) == ["DFlashDraftModel"]
 
 
+def test_the_old_name_of_pretrained_source_warns_naming_it_and_gives_its_answer(tmp_path):
+    from hf_tev import packaged
+
+    with pytest.warns(FutureWarning, match=r"is now hf_tev\.packaged\.pretrained_source"):
+        assert packaged.resolve(str(tmp_path)) == packaged.pretrained_source(str(tmp_path)) == str(tmp_path)
+
+
 def imported_modules(path: Path) -> set[str]:
     """The dotted modules a file imports (relative imports resolved for files under hf_tev/), `from a import b`
     also as `a.b`."""
@@ -56,7 +66,7 @@ def imported_modules(path: Path) -> set[str]:
     return found
 
 
-def test_nothing_of_the_project_imports_an_old_path():
+def test_nothing_of_the_project_uses_an_old_path_or_name():
     shims = {ROOT / (old.replace(".", "/") + ".py") for old in OLD_PATHS}
     users = []
     for folder in CODE_FOLDERS:
@@ -65,5 +75,7 @@ def test_nothing_of_the_project_imports_an_old_path():
                 continue
             text = path.read_text(encoding="utf-8")
             named = imported_modules(path) | {old for old in OLD_PATHS if old in text}  # also in code strings
-            users += [f"{path.relative_to(ROOT)}: {old}" for old in sorted(named & set(OLD_PATHS))]
+            # an old function name also called as an attribute of its module (`packaged.resolve(...)`)
+            named |= {old for old in OLD_NAMES if re.search(re.escape(".".join(old.split(".")[-2:])) + r"\(", text)}
+            users += [f"{path.relative_to(ROOT)}: {old}" for old in sorted(named & {*OLD_PATHS, *OLD_NAMES})]
     assert not users, users

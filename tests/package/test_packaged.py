@@ -24,9 +24,9 @@ def test_a_missing_package_is_named_with_its_install_command(monkeypatch, tmp_pa
     assert not list(tmp_path.iterdir())  # refused before anything was written
 
 
-def test_resolve_leaves_other_names_alone(tmp_path):
-    assert packaged.resolve("Qwen/Qwen3-4B") == "Qwen/Qwen3-4B"
-    assert packaged.resolve(str(tmp_path)) == str(tmp_path)
+def test_pretrained_source_leaves_other_names_alone(tmp_path):
+    assert packaged.pretrained_source("Qwen/Qwen3-4B") == "Qwen/Qwen3-4B"
+    assert packaged.pretrained_source(str(tmp_path)) == str(tmp_path)
 
 
 def test_the_cache_follows_hf_tev_cache(monkeypatch, tmp_path):

@@ -162,7 +162,7 @@ def test_a_damaged_optimizer_state_inside_a_valid_file_is_named(checkpoint, tmp_
 
 def test_hf_tev_train_refuses_the_checkpoint_before_loading_any_model(checkpoint, tmp_path, monkeypatch, capsys):
     folder = damaged(checkpoint, tmp_path, lambda c: (c / "optimizer.pt").unlink())
-    monkeypatch.setattr(cli, "load_models", lambda *a, **k: pytest.fail("a model was loaded"))
+    monkeypatch.setattr(cli, "load_training_models", lambda *a, **k: pytest.fail("a model was loaded"))
     flags = ["--target", str(kit_path("target")), "--train_data", str(KIT_ROWS), "--output_dir", str(tmp_path / "o")]
     with pytest.raises(SystemExit) as exit_info:
         cli.main([*flags, "--use_cpu", "--report_to", "none", "--resume_from_checkpoint", str(folder)])

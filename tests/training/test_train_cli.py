@@ -147,7 +147,7 @@ def test_push_offline_fails_before_anything_is_loaded_or_written(tmp_path, monke
     import huggingface_hub.constants
 
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
-    monkeypatch.setattr(cli, "load_models", lambda *a, **k: pytest.fail("a model was loaded"))
+    monkeypatch.setattr(cli, "load_training_models", lambda *a, **k: pytest.fail("a model was loaded"))
     out = tmp_path / "drafter"
     flags = ["--target", str(kit_path("target")), "--prompts", str(KIT_PROMPTS), "--output_dir", str(out)]
     with pytest.raises(SystemExit) as exit_info:
@@ -245,7 +245,7 @@ def test_a_second_run_into_a_held_output_dir_is_refused_before_any_model_loads(t
     stops at once, naming the folder, and appends nothing to the rows file of the run that holds it."""
     from filelock import FileLock
 
-    monkeypatch.setattr(cli, "load_models", lambda *a, **k: pytest.fail("a model was loaded"))
+    monkeypatch.setattr(cli, "load_training_models", lambda *a, **k: pytest.fail("a model was loaded"))
     out = tmp_path / "drafter"
     out.mkdir()
     flags = ["--target", str(kit_path("target")), "--prompts", str(KIT_PROMPTS), "--output_dir", str(out)]

@@ -70,7 +70,7 @@ def test_help_lists_the_script_and_exittrain_options_before_the_trainer_ones():
 @pytest.fixture
 def no_model(monkeypatch):
     """Fail the test if hf-tev train loads a model."""
-    monkeypatch.setattr(cli, "load_models", lambda *a, **k: pytest.fail("a model was loaded"))
+    monkeypatch.setattr(cli, "load_training_models", lambda *a, **k: pytest.fail("a model was loaded"))
 
 
 def one_line_error(capsys, argv) -> str:
@@ -213,10 +213,10 @@ def test_a_hub_causal_lm_given_as_the_drafter_is_named_before_the_target_loads(t
     argv = ["--train_data", str(KIT_ROWS), "--output_dir", str(tmp_path / "o"), "--use_cpu", "--report_to", "none"]
     script, args = cli.parse_args([*argv, "--target", "org/a-target", "--model_name_or_path", "org/a-target"])
     with pytest.raises(ValueError, match=r"org/a-target is a causal LM \(Qwen3ForCausalLM\).*pass it as --target"):
-        cli.load_models(script, args)
+        cli.load_training_models(script, args)
     script, args = cli.parse_args([*argv, "--target", "org/a-drafter"])
     with pytest.raises(ValueError, match=r"--target org/a-drafter is a DFlash drafter, not a causal LM"):
-        cli.load_models(script, args)
+        cli.load_training_models(script, args)
     assert {file for _, file in fetched} == {"config.json"}  # nothing but the configs was asked for
 
 
@@ -250,9 +250,9 @@ def test_the_loader_itself_is_safetensors_only_unless_allowed(pickle_target, tmp
     argv = ["--target", str(pickle_target), "--train_data", str(KIT_ROWS), "--output_dir", str(tmp_path / "o")]
     script, args = cli.parse_args([*argv, "--use_cpu", "--report_to", "none", "--block_size", "4"])
     with pytest.raises(OSError, match=r"--target .*no file named model.safetensors.*--allow_pickle_target"):
-        cli.load_models(script, args)  # what the check before it guards: transformers' safetensors-only loading
+        cli.load_training_models(script, args)  # what the check before it guards: transformers' safetensors-only load
     script, args = cli.parse_args([*argv, "--use_cpu", "--report_to", "none", "--allow_pickle_target"])
     cli.prepare(script, args)
-    target, _, _ = cli.load_models(script, args)
+    target, _, _ = cli.load_training_models(script, args)
     expected = load_file(kit_path("target") / "model.safetensors")
     assert all(torch.equal(target.state_dict()[name], value) for name, value in expected.items())
