@@ -1,6 +1,7 @@
 """The long training job of SmolLM2-135M-Instruct's strong drafter (`recipe.yaml`): resumable across sessions.
 
     nice -n 19 python research/smollm2_drafter/train_drafter.py --threads 1 --stop_at 10:10 --commit
+    nice -n 19 python research/smollm2_drafter/train_drafter.py --run NAME --recipe OTHER.yaml --shards 46-77 ...
 
 - The first run freezes the finished shards of `data/` into `runs/<run>/shards.json` and joins them into
   `runs/<run>/rows.jsonl`; every later run of the same `--run` trains on the same shards (the data may grow
@@ -32,14 +33,18 @@ REPO = HERE.parents[1]
 TARGET = "HuggingFaceTB/SmolLM2-135M-Instruct"
 
 
-def frozen_shards(run: Path) -> list[str]:
-    """The shard files this run trains on: read from `shards.json`, or frozen there on its first start."""
+def frozen_shards(run: Path, selection: str | None = None) -> list[str]:
+    """The shard files this run trains on: read from `shards.json`, or frozen there on its first start: every
+    finished shard, or those numbered FIRST-LAST (`selection`)."""
     record = run / "shards.json"
     if record.exists():
         return json.loads(record.read_text())["shards"]
     shards = sorted(path.name for path in (HERE / "data").glob("shard_*.jsonl"))
+    if selection is not None:
+        first, last = (int(number) for number in selection.split("-"))
+        shards = [name for name in shards if first <= int(name[len("shard_") : -len(".jsonl")]) <= last]
     if not shards:
-        raise SystemExit(f"no finished shard in {HERE / 'data'}: run generate_data.py first")
+        raise SystemExit(f"no finished shard in {HERE / 'data'} (selection {selection}): run generate_data.py first")
     run.mkdir(parents=True, exist_ok=True)
     record.write_text(json.dumps({"shards": shards}, indent=1) + "\n")
     return shards
@@ -85,12 +90,14 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--stop_at", default=None, help="HH:MM: stop the training process then")
     parser.add_argument("--commit", action="store_true", help="commit each checkpoint's trainer_state.json")
+    parser.add_argument("--recipe", default=str(HERE / "recipe.yaml"), help="the hf-tev train recipe of the run")
+    parser.add_argument("--shards", default=None, help="FIRST-LAST: the shards a new run freezes (default: all)")
     args, overrides = parser.parse_known_args()
     run = HERE / "runs" / args.run
-    rows = joined_rows(run, frozen_shards(run))
+    rows = joined_rows(run, frozen_shards(run, args.shards))
     out = run / "out"
     target = packaged_model_path(TARGET)  # the converted folder: hf-tev train reads folders and Hub ids
-    command = [sys.executable, "-m", "hf_tev.train", str(HERE / "recipe.yaml"), "--target", str(target)]
+    command = [sys.executable, "-m", "hf_tev.train", args.recipe, "--target", str(target)]
     command += ["--train_data", str(rows)]
     command += ["--feature_cache", str(run / "features"), "--output_dir", str(out), "--threads", str(args.threads)]
     if last_checkpoint(out) is not None:
