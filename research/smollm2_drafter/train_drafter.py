@@ -92,6 +92,12 @@ def main() -> None:
     parser.add_argument("--commit", action="store_true", help="commit each checkpoint's trainer_state.json")
     parser.add_argument("--recipe", default=str(HERE / "recipe.yaml"), help="the hf-tev train recipe of the run")
     parser.add_argument("--shards", default=None, help="FIRST-LAST: the shards a new run freezes (default: all)")
+    parser.add_argument(
+        "--no_feature_cache",
+        action="store_true",
+        help="compute the target's features every step (the tree objectives need its K/V; an arm compared with them "
+        "reads the same float32 features)",
+    )
     args, overrides = parser.parse_known_args()
     run = HERE / "runs" / args.run
     rows = joined_rows(run, frozen_shards(run, args.shards))
@@ -99,7 +105,9 @@ def main() -> None:
     target = packaged_model_path(TARGET)  # the converted folder: hf-tev train reads folders and Hub ids
     command = [sys.executable, "-m", "hf_tev.train", args.recipe, "--target", str(target)]
     command += ["--train_data", str(rows)]
-    command += ["--feature_cache", str(run / "features"), "--output_dir", str(out), "--threads", str(args.threads)]
+    if not args.no_feature_cache:
+        command += ["--feature_cache", str(run / "features")]
+    command += ["--output_dir", str(out), "--threads", str(args.threads)]
     if last_checkpoint(out) is not None:
         command += ["--resume_from_checkpoint", str(last_checkpoint(out))]
     command += overrides
