@@ -302,6 +302,8 @@ KIT_MODELS = {
 }
 KIT_DRAFTERS = [name for name in KIT_MODELS if name.startswith("drafter-")]
 PROMPT_SETS = {"heldout": "heldout.json", "humaneval": "humaneval.json"}
+# Drafters the kit shipped before it became a package: the kit study's own results, kept with the study.
+KIT_STUDY_DRAFTERS = ("drafter-finetuned", "drafter-prefix", "drafter-exittrain", "drafter-dflash-3l")
 
 
 def kit_dir() -> Path:
@@ -316,6 +318,12 @@ def kit_dir() -> Path:
 
 
 def kit_path(name: str) -> Path:
+    if name in KIT_STUDY_DRAFTERS:
+        raise ValueError(
+            f"{name!r} is not in the kit: it is one of the kit study's drafters (research/tiny_kit/README.md of the "
+            f"hf_tev repository); load its folder with DFlashDraftModel.from_pretrained. The kit has "
+            f"{sorted(KIT_MODELS)}"
+        )
     if name not in KIT_MODELS:
         raise ValueError(f"Unknown kit model {name!r}; the kit has {sorted(KIT_MODELS)}")
     path = kit_dir() / name

@@ -58,6 +58,8 @@ def test_prompt_sets():
         load_kit_prompts("mt-bench")
     with pytest.raises(ValueError, match="kit model"):
         kit_path("drafter-nope")
+    with pytest.raises(ValueError, match="kit study's drafters"):  # shipped in the kit before it became a package
+        kit_path("drafter-exittrain")
 
 
 def test_kit_dir_error_names_the_fix(monkeypatch, tmp_path):
