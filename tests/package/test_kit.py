@@ -148,3 +148,26 @@ def test_the_library_builds_no_path_into_a_checkout():
         if ".parent.parent" in code or "examples/" in code or '"examples"' in code:
             offenders.append(str(module.relative_to(package)))
     assert offenders == []
+
+
+def test_the_kit_package_ships_every_file_it_holds():
+    """A non-editable install of `tiny_kit/` copies only what its package-data globs name: every file of the kit must
+    match one (a new nested folder would otherwise be missing from an installed kit)."""
+    import fnmatch
+    from pathlib import Path
+
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    kit_project = Path(__file__).resolve().parents[2] / "tiny_kit"
+    globs = tomllib.loads((kit_project / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
+
+    def shipped(relative: str) -> bool:  # a setuptools glob: one `*` never crosses a `/`
+        parts = relative.split("/")
+        return any(
+            len(glob.split("/")) == len(parts) and all(map(fnmatch.fnmatch, parts, glob.split("/")))
+            for glob in globs["hf_tev_tiny_kit"]
+        )
+
+    package = kit_project / "hf_tev_tiny_kit"
+    files = [p.relative_to(package).as_posix() for p in package.rglob("*") if p.is_file()]
+    files = [f for f in files if "__pycache__" not in f and f != "__init__.py"]
+    assert len(files) > 20 and [f for f in files if not shipped(f)] == []
