@@ -320,7 +320,7 @@ def kit_dir() -> Path:
 def kit_path(name: str) -> Path:
     if name in KIT_STUDY_DRAFTERS:
         raise ValueError(
-            f"{name!r} is not in the kit: it is one of the kit study's drafters (research/tiny_kit/README.md of the "
+            f"{name!r} is not in the kit: it is one of the kit study's drafters (research/tiny_kit/drafters/ of the "
             f"hf_tev repository); load its folder with DFlashDraftModel.from_pretrained. The kit has "
             f"{sorted(KIT_MODELS)}"
         )

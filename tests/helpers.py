@@ -389,7 +389,7 @@ TRAINING_BLOCK_SIZE = 4  # the training tests' drafters draft depths 1..3
 REPO_ROOT = Path(__file__).resolve().parent.parent
 KIT = kit_dir()  # the installed tiny kit (tiny_kit/ of this checkout)
 # The kit study's own drafters (Table 2 arms and the 3-layer run; research/tiny_kit/README.md), not shipped in the kit
-KIT_STUDY_DRAFTERS = REPO_ROOT / "examples" / "tiny_kit"
+KIT_STUDY_DRAFTERS = REPO_ROOT / "research" / "tiny_kit" / "drafters"
 KIT_PROMPTS = KIT / "prompts" / "train.json"
 KIT_ROWS = KIT / "data" / "train_generated.jsonl"
 # `hf-tev train` flags of a few steps of a tiny drafter: small blocks, trees and decodes.

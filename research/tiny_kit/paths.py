@@ -3,7 +3,7 @@
 The shipped kit (target, assistant-ar, drafter-dflash, drafter-dflash-l135, prompts/ and
 data/train_generated.jsonl) is the package `tiny_kit/` of the repository (`pip install -e ./tiny_kit`), found
 through `hf_tev.packaged`. This folder, research/tiny_kit, holds the scripts that built it, the other data files,
-the study's outputs (ablation/, runs/, tau_T*.json) and, git-ignored, build/.
+the study's outputs (ablation/, runs/, tau_T*.json), its own drafters (drafters/) and, git-ignored, build/.
 
 The scripts import this module as `import paths`: run as `python research/tiny_kit/X.py`, their folder is on
 `sys.path`.
@@ -15,10 +15,9 @@ from hf_tev.packaged import KIT_MODELS, kit_dir, kit_path
 
 HERE = Path(__file__).resolve().parent  # research/tiny_kit
 BUILD = HERE / "build"  # git-ignored outputs: the tokenised corpus, prompts, generated rows, runs
-# The study's own drafters (Table 2 arms and the 3-layer run), not shipped in the kit. They move to
-# research/tiny_kit with the next submission.
+# The study's own drafters (Table 2 arms and the 3-layer run), not shipped in the kit.
 STUDY_DRAFTERS = ("drafter-finetuned", "drafter-prefix", "drafter-exittrain", "drafter-dflash-3l")
-STUDY_DRAFTER_DIR = HERE.parent.parent / "examples" / "tiny_kit"
+STUDY_DRAFTER_DIR = HERE / "drafters"
 
 
 def model_path(name) -> Path:

@@ -38,3 +38,10 @@ def test_no_weight_or_tokenizer_file_is_committed_twice():
 def test_no_optimizer_state_or_checkpoint_is_committed():
     committed = [path for _, path in tracked_files() if "/checkpoint-" in path or Path(path).name == "optimizer.pt"]
     assert not committed, f"training checkpoints are committed: {committed[:5]}"
+
+
+def test_examples_hold_no_weights_or_tokenizers():
+    """examples/ is for what a user copies (issue "Models get rooms"): the shipped models live in their packages and
+    a study's models with the study (research/)."""
+    heavy = [path for _, path in tracked_files() if path.startswith("examples/") and is_heavy(path)]
+    assert not heavy, f"weights or tokenizers in examples/: {heavy[:5]}"
