@@ -12,16 +12,13 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 
 import torch
+from study import HERE, TARGET
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from hf_tev import generate_training_data
 from hf_tev.packaged import packaged_model_path
-
-HERE = Path(__file__).resolve().parent
-TARGET = "HuggingFaceTB/SmolLM2-135M-Instruct"
 
 
 def main() -> None:

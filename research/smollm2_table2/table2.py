@@ -26,19 +26,12 @@ from pathlib import Path
 import numpy as np
 import torch
 from scipy.stats import bootstrap
+from study import HERE, SHIPPED, TARGET, pooled_tau
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import hf_tev
 from hf_tev.bench.methods import PAPER_PROMPT_SETS, PROMPT_SETS
 from hf_tev.packaged import packaged_model_path
-
-HERE = Path(__file__).resolve().parent
-TARGET = "HuggingFaceTB/SmolLM2-135M-Instruct"
-# Where each stage's final drafter ships (`write_cards.py` copies it there from `runs/<stage>/`, which stays local).
-SHIPPED = {
-    "exit": HERE / "drafter-exittrain",
-    "dflash": HERE.parents[1] / "hf_tev" / "shipped_drafters" / "SmolLM2-135M-Instruct-DFlash",
-}
 
 
 def drafter_folder(runs: Path, name: str) -> Path:
@@ -100,10 +93,6 @@ def decode(target, drafter, ids, budget: int, temperature: float, seed: int, max
         "coverage": float(np.mean(stats.coverages)) if stats.coverages else None,
         "accepted_lengths": list(stats.accepted_lengths),
     }
-
-
-def pooled_tau(records) -> float:
-    return sum(r["tokens"] for r in records) / sum(r["cycles"] for r in records)
 
 
 def ratio_interval(records, base: str, arm: str, resamples: int) -> tuple[float, float, float]:

@@ -2,9 +2,9 @@
 
     python research/smollm2_table2/write_cards.py      # after train_drafters.py (both stages) and table2.py
 
-Each card is `hf_tev.training.render_model_card` filled from the stage's own `hf-tev train` arguments (parsed
-again from `train_drafters.py`'s command, so the card states what ran), its logged steps, and the tau Table 2
-measured for it (`runs/table2.json`, pooled over the prompts of each budget and temperature). The card's
+Each card is `hf_tev.training.render_model_card` filled from the stage's own `hf-tev train` arguments (its recipe,
+`recipes/<stage>.yaml`, parsed as `hf-tev train` parses it, so the card states what ran), its logged steps, and the
+tau Table 2 measured for it (`runs/table2.json`, pooled over the prompts of each budget and temperature). The card's
 `base_model` is the Hub id of the target; a note says which weights of it the drafter was trained against.
 """
 
@@ -14,13 +14,13 @@ import json
 import shutil
 from pathlib import Path
 
-from table2 import SHIPPED, pooled_tau
-from train_drafters import HERE, TARGET, parse_args, train_command
+from study import HERE, SHIPPED, TARGET, pooled_tau, recipe
 
 from hf_tev.training import render_model_card
 from hf_tev.training.script_args import parse_args as parse_train_args
 
 FILES = ("config.json", "model.safetensors")
+CARD_NAMES = {"dflash": "dflash", "exit": "exittrain"}  # the model names of the shipped cards: ...-b8-<name>
 WEIGHTS_NOTE = """
 The measured tau: pooled over the held-out prompts of Table 2 (MT-Bench, HumanEval, GSM8K and MATH-500, test
 splits, chat-templated; 64 new tokens; `TEVConfig(budget=B, lookup=False)`, the drafter's own trees).
@@ -60,7 +60,7 @@ def write_card(stage: str, records: list[dict]) -> Path:
     folder.mkdir(exist_ok=True)
     for name in FILES:
         shutil.copyfile(run / name, folder / name)
-    script, args = parse_train_args(train_command(parse_args([stage]), Path("target")))
+    script, args = parse_train_args([str(recipe(stage)), "--output_dir", str(run)])
     config = json.loads((run / "config.json").read_text())
     state = json.loads(trainer_state_file(run).read_text())
     fields = type(args).__dataclass_fields__
@@ -69,7 +69,7 @@ def write_card(stage: str, records: list[dict]) -> Path:
         objective=args.objective,
         block_size=config["block_size"],
         target_layer_ids=config["dflash_config"]["target_layer_ids"],
-        model_name=f"SmolLM2-135M-Instruct-DFlash-b{config['block_size']}-{SHIPPED[stage].split('-')[1]}",
+        model_name=f"SmolLM2-135M-Instruct-DFlash-b{config['block_size']}-{CARD_NAMES[stage]}",
         num_draft_layers=config["num_hidden_layers"],
         mask_token_id=config["dflash_config"]["mask_token_id"],
         init_from="the shared initialisation (300 standard-objective steps from a fresh drafter, "
