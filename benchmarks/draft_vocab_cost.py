@@ -11,7 +11,9 @@ process.
   `--anchors` blocks each, forward and backward (`hf_tev.training.losses.rows_loss`).
 
 The draft vocabularies are the tokens the target wrote most often in `research/smollm2_drafter/data` (all but its
-last shard, with the EOS ids); their coverage is measured on the last shard's target-written tokens. Variants run
+last shard, with the EOS ids); their coverage is measured on the last shard's target-written tokens. A drafter that
+ships with its own draft vocabulary (`--drafter`, default: the target's shipped drafter) is also measured as it
+ships ("as shipped"). Variants run
 interleaved, `--repeats` rounds; each figure is given as the median and the sum over the rounds.
 """
 
@@ -105,6 +107,7 @@ def main(argv=None) -> None:
     parser.add_argument("--train_rows", type=int, default=2)
     parser.add_argument("--train_length", type=int, default=384)
     parser.add_argument("--anchors", type=int, default=16)
+    parser.add_argument("--drafter", default=None, help="a drafter folder (default: the target's shipped drafter)")
     parser.add_argument("--output", default=None)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -112,6 +115,7 @@ def main(argv=None) -> None:
     from transformers import AutoModelForCausalLM
 
     from hf_tev import DFlashDraftModel
+    from hf_tev.models.dflash.vocabulary import draft_token_ids
     from hf_tev.packaged import default_drafter, packaged_model_path
     from hf_tev.training import draft_vocab_from_rows
     from hf_tev.training.draft_vocab import response_token_counts
@@ -125,9 +129,17 @@ def main(argv=None) -> None:
     long_rows = [row for row in train if len(row["input_ids"]) >= args.train_length][: args.train_rows]
 
     variants, coverage = {}, {}
-    for size in [None, *(int(s) for s in args.sizes.split(","))]:
-        drafter = DFlashDraftModel.from_pretrained(default_drafter(TARGET), dtype=torch.float32).eval()
-        if size is not None:
+    folder = args.drafter or default_drafter(TARGET)
+    shipped = DFlashDraftModel.from_pretrained(folder, dtype=torch.float32).config.draft_vocab_size
+    # "full": the whole head; each size: a draft vocabulary of this data; "as shipped": the drafter's own, if it has one
+    for size in [None, *(int(s) for s in args.sizes.split(",")), *(["as shipped"] if shipped else [])]:
+        drafter = DFlashDraftModel.from_pretrained(folder, dtype=torch.float32).eval()
+        if size is None:
+            drafter.set_draft_vocab(None)
+        elif size == "as shipped":
+            ids = draft_token_ids(drafter.get_buffer("d2t"))
+            coverage[size] = float(held_counts[ids].sum() / held_counts.sum())
+        else:
             ids = draft_vocab_from_rows(train, size, vocab, always=[target.config.eos_token_id])
             drafter.set_draft_vocab(ids)
             coverage[size] = float(held_counts[ids].sum() / held_counts.sum())
