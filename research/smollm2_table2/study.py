@@ -14,7 +14,7 @@ RECIPES = HERE / "recipes"  # recipes/<stage>.yaml: each stage's `hf-tev train` 
 # Where each stage's final drafter ships (`write_cards.py` copies it there from `runs/<stage>/`, which stays local).
 SHIPPED = {
     "exit": HERE / "drafter-exittrain",
-    "dflash": HERE.parents[1] / "hf_tev" / "shipped_drafters" / "SmolLM2-135M-Instruct-DFlash",
+    "dflash": HERE / "drafter-dflash",
 }
 
 
@@ -27,3 +27,14 @@ def pooled_tau(records) -> float:
     """tau pooled over Table 2's per-prompt records: the tokens of all cycles (their accepted lengths) over the
     cycles."""
     return sum(r["tokens"] for r in records) / sum(r["cycles"] for r in records)
+
+
+def measured_tau(records, drafter: str) -> dict[tuple[int, float], float]:
+    """Pooled tau of `drafter` in Table 2's records, by (budget, temperature): what its card states."""
+    cells = sorted({(r["budget"], r["temperature"]) for r in records if r["drafter"] == drafter})
+    return {
+        cell: round(
+            pooled_tau([r for r in records if (r["drafter"], r["budget"], r["temperature"]) == (drafter, *cell)]), 3
+        )
+        for cell in cells
+    }

@@ -14,7 +14,7 @@ import json
 import shutil
 from pathlib import Path
 
-from study import HERE, SHIPPED, TARGET, pooled_tau, recipe
+from study import HERE, SHIPPED, TARGET, measured_tau, recipe
 
 from hf_tev.training import render_model_card
 from hf_tev.training.script_args import parse_args as parse_train_args
@@ -32,20 +32,6 @@ dequantized to float32 (`hf_tev.packaged.packaged_model_path`), not the Hub's bf
 folder; with the Hub's weights the output is still exactly the target's, and tau may differ. How it was trained and
 measured: `research/smollm2_table2/README.md` of the hf_tev repository.
 """
-
-
-def measured_tau(records: list[dict], drafter: str) -> dict[tuple[int, float], float]:
-    """Table 2's pooled tau of `drafter`, by (budget, temperature)."""
-    cells = sorted({(r["budget"], r["temperature"]) for r in records if r["drafter"] == drafter})
-    return {
-        (budget, temperature): round(
-            pooled_tau(
-                [r for r in records if (r["drafter"], r["budget"], r["temperature"]) == (drafter, budget, temperature)]
-            ),
-            3,
-        )
-        for budget, temperature in cells
-    }
 
 
 def trainer_state_file(run: Path) -> Path:

@@ -1,4 +1,4 @@
-"""The DFlash drafter trained for SmolLM2-135M-Instruct (research/smollm2_table2), as it ships (package data): the
+"""The DFlash drafter trained for SmolLM2-135M-Instruct (research/smollm2_drafter), as it ships (package data): the
 real target's default in the quickstart and the bench. It must be there, load from safetensors alone, and decode
 exactly with `TEVConfig()` while its trees are accepted past the root."""
 
@@ -27,6 +27,8 @@ def test_ships_as_safetensors_with_its_card(trained_drafter):
     assert not list(folder.glob("*.bin")) and not list(folder.glob("*.pt")), "no pickled file ships"
     config = json.loads((folder / "config.json").read_text())
     assert config["block_size"] == 8 and config["dflash_config"]["target_layer_ids"] == [1, 14, 27]
+    # its draft vocabulary is stored in its safetensors and restricts its head (issue "A drafter that pays")
+    assert config["draft_vocab_size"] == drafter.get_buffer("d2t").numel() == 8192
     card = (folder / "README.md").read_text()
     assert "library_name: hf_tev" in card and SMOLLM2 in card
 
