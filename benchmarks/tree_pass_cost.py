@@ -47,8 +47,8 @@ def pass_of(target, cache, context: int, size: int):
 
     def run():
         with torch.no_grad():
-            target(input_ids=tokens, position_ids=positions, attention_mask=mask, past_key_values=cache, use_cache=True)
-        cache.crop(context)
+            target(input_ids=tokens, position_ids=positions, attention_mask=mask, cache=cache, use_cache=True)
+        cache.crop(context - cache.get_seq_length())  # transformers 5.24: minus the positions to remove
 
     return run
 
@@ -76,7 +76,7 @@ def main(argv=None) -> None:
     ).eval()
     cache = DynamicCache(config=target.config)
     with torch.no_grad():
-        target(input_ids=torch.full((1, args.context), 100), past_key_values=cache, use_cache=True)
+        target(input_ids=torch.full((1, args.context), 100), cache=cache, use_cache=True)
     passes = {size: pass_of(target, cache, args.context, size) for size in sizes}
     for run in passes.values():  # warm-up
         run()
