@@ -33,9 +33,10 @@ NOTE = """
 The measured tau: pooled over 64 held-out prompts (16 each of MT-Bench, HumanEval, GSM8K and MATH-500, test splits,
 chat-templated; 64 new tokens; `TEVConfig(budget=B, lookup=False)`, the drafter's own trees).
 
-Why it is SmolLM2's default drafter in hf_tev: on those prompts its tau is 6-8% above the 1-layer drafter it
+Why it is SmolLM2's default drafter in hf_tev: on those prompts its tau is 6-10% above the 1-layer drafter it
 replaced, at every budget and temperature measured (paired bootstrap intervals above 1), and its call costs 0.26
-of a plain target step on one CPU thread (draft vocabulary of 8,192 tokens; the 1-layer drafter's: 0.38).
+of a plain target step on one CPU thread (draft vocabulary of 8,192 tokens; the 1-layer drafter's: 0.38,
+benchmarks/results/draft_vocab_1thread).
 
 ## Target weights
 
