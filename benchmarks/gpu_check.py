@@ -41,10 +41,12 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import statistics
 import sys
 import time
 import warnings
+from pathlib import Path
 
 import torch
 
@@ -158,9 +160,11 @@ def curve_sizes(max_tokens: int, budget: int) -> list[int]:
 def oracle_drafter(drafter, known: list, depth: int, margin: float = 20.0):
     """Make `drafter` know the target's greedy continuation `known[0]` `[1, L]` (prompt included) `depth`
     tokens deep: at depths 1..depth of a block rooted at position p, token `known[0][p + d]` gets the block
-    row's highest logit + `margin`. Deeper rows are the drafter's own. Computed on the device (no host read),
-    so the oracle adds no host wait to the cycle it is measured in. `known` is a one-item list, so that the
-    continuation can be replaced (`settle_oracle`)."""
+    row's highest logit + `margin`. Every third depth has a decoy: the next token id gets the top logit and the
+    known token the second (1 lower), so the accepted path leaves the tree's first nodes there and the cache
+    commit moves real entries, as a real drafter's paths do. Deeper rows are the drafter's own. Computed on the
+    device (no host read), so the oracle adds no host wait to the cycle it is measured in. `known` is a one-item
+    list, so that the continuation can be replaced (`settle_oracle`)."""
     real = drafter.draft_logits
 
     def draft_logits(target, context, block_ids, position_ids, cache=None, num_depths=None, **kwargs):
@@ -170,13 +174,39 @@ def oracle_drafter(drafter, known: list, depth: int, margin: float = 20.0):
         depths = torch.arange(1, logits.shape[1] + 1, device=logits.device)
         positions = position_ids[:, -block_ids.shape[1]][:, None] + depths  # [B|1, D]
         boosted = (positions < length) & (depths <= depth)
+        decoyed = boosted & (depths % 3 == 0)
         tokens = reference[0, positions.clamp(max=length - 1)].expand(logits.shape[0], -1)
+        decoys = (tokens + 1) % logits.shape[-1]
         top = logits.amax(-1) + margin
-        value = torch.where(boosted, top, logits.gather(-1, tokens[..., None])[..., 0])
+        own = logits.gather(-1, tokens[..., None])[..., 0]
+        value = torch.where(boosted, top - decoyed.to(top.dtype), own)
+        decoy_value = torch.where(decoyed, top, logits.gather(-1, decoys[..., None])[..., 0])
+        logits = logits.scatter(-1, decoys[..., None], decoy_value[..., None])
         return logits.scatter(-1, tokens[..., None], value[..., None])
 
     drafter.draft_logits = draft_logits
     return drafter
+
+
+@contextlib.contextmanager
+def counted_commits():
+    """Counts the cache commits of the calls inside (`{"commits", "moved_commits"}`): a moved commit is one whose
+    accepted path is not the tree's first nodes, so entries of the tree window move."""
+    from hf_tev.generation import verifier
+
+    counts = {"commits": 0, "moved_commits": 0}
+    real = verifier.commit_accepted_path
+
+    def commit(cache, past, path, path_is_prefix, *args, **kwargs):
+        counts["commits"] += 1
+        counts["moved_commits"] += not path_is_prefix
+        return real(cache, past, path, path_is_prefix, *args, **kwargs)
+
+    verifier.commit_accepted_path = commit
+    try:
+        yield counts
+    finally:
+        verifier.commit_accepted_path = real
 
 
 @contextlib.contextmanager
@@ -364,7 +394,8 @@ def stage_breakdown(call_tev, n: int, device) -> dict:
     each stage's end, no wait per stage; on the CPU host times): draft, build, tree pass, verify (processors,
     decision, cache commit of the path), and the rest of the cycle (the commit of the tokens: outputs, stops, the
     drafter's context), which the statistics do not keep: the cycle's wall time less the four."""
-    seconds, out = timed(lambda: call_tev(n, output=True), device)
+    with counted_commits() as commits:
+        seconds, out = timed(lambda: call_tev(n, output=True), device)
     stats = out.tev_stats
     summary = stats.summary()
     cycle = (seconds - summary["prefill_s"] - summary["probe_s"]) / max(stats.num_cycles, 1)
@@ -377,6 +408,7 @@ def stage_breakdown(call_tev, n: int, device) -> dict:
         "tree_size": summary["tree_size"],
         "pass_nodes": statistics.fmean(stats.pass_nodes) if stats.pass_nodes else summary["tree_size"] + 1,
         "cycles": stats.num_cycles,
+        **commits,
     }
 
 
@@ -743,7 +775,7 @@ def parse_args(argv):
     parser.add_argument(
         "--compile", choices=["auto", "yes", "no"], default="auto", help="compile hf_tev's static target (auto: CUDA)"
     )
-    parser.add_argument("--time-budget", type=float, default=420.0, help="seconds after which sections are skipped")
+    parser.add_argument("--time-budget", type=float, default=330.0, help="seconds after which sections are skipped")
     parser.add_argument("--output", default=None)
     args = parser.parse_args(argv)
     if not 1 <= args.oracle_depth < PUBLISHED_DRAFTER["block_size"]:
@@ -781,9 +813,24 @@ def run_sections(report: dict, sections, args, started: float, write) -> None:
         write(report)
 
 
+CHECKOUT_KIT = Path(__file__).resolve().parents[1] / "tiny_kit" / "hf_tev_tiny_kit"
+
+
+def find_kit() -> None:
+    """On a bare device image the tiny kit is not installed, only carried in the checkout: point `HF_TEV_KIT` at
+    the checkout's copy unless the kit is installed or the variable is set (the exactness and auto sections load
+    it)."""
+    from hf_tev.packaged import KIT_PACKAGE, installed_package_dir
+
+    if "HF_TEV_KIT" not in os.environ and installed_package_dir(KIT_PACKAGE) is None:
+        os.environ["HF_TEV_KIT"] = str(CHECKOUT_KIT)
+
+
 def main(argv=None) -> dict:
     args = parse_args(argv)
     import hf_tev  # noqa: F401  (routes generate)
+
+    find_kit()
     from hf_tev import DFlashDraftModel
 
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)

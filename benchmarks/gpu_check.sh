@@ -2,10 +2,10 @@
 # The device command (docs/bench.md#on-a-gpu): install what hf_tev needs from the carried wheels (no index, no
 # network), then run benchmarks/gpu_check.py under a time limit, its JSON and log in $OUT (or ./gpu_out).
 #
-#     run(command="bash benchmarks/gpu_check.sh", carry=["gpu_wheels"], timeout_s=540)
+#     run(command="bash benchmarks/gpu_check.sh", carry=["gpu_wheels"], timeout_s=480)
 #
-# Extra arguments go to gpu_check.py. GPU_CHECK_LIMIT_S (default 470) bounds the check itself; its sections
-# past --time-budget (default 420 s) are skipped, and the JSON is rewritten after every section.
+# Extra arguments go to gpu_check.py. GPU_CHECK_LIMIT_S (default 400) bounds the check itself; its sections
+# past --time-budget (default 330 s) are skipped, and the JSON is rewritten after every section.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-gpu_out}
@@ -22,7 +22,7 @@ PIP_BREAK_SYSTEM_PACKAGES=1 python -m pip install --quiet --no-index --find-link
     2>&1 | tee "$out/install.txt"
 python -m pip check 2>&1 | tee -a "$out/install.txt"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1
-timeout --signal=INT --kill-after=20 "${GPU_CHECK_LIMIT_S:-470}" \
+timeout --signal=INT --kill-after=20 "${GPU_CHECK_LIMIT_S:-400}" \
     python benchmarks/gpu_check.py --output "$out/gpu_check.json" "$@" 2>&1 | tee "$out/gpu_check.log"
 status=${PIPESTATUS[0]}
 echo "== gpu_check.py exit status $status" | tee -a "$out/gpu_check.log"

@@ -37,6 +37,8 @@ def test_gpu_check_runs_its_whole_plan_on_cpu_at_tiny_sizes(gpu_check, tmp_path)
     tev = eager["hf_tev"]
     # the oracle knows 4 tokens a block: cycles accept about 4 (the commit moves real entries), never more than 5
     assert 3 <= tev["stages"]["tau"] <= 5 and tev["stages"]["pass_nodes"] == 9
+    # the oracle's decoys make accepted paths leave the tree's first nodes: commits move cache entries
+    assert 0 < tev["stages"]["moved_commits"] <= tev["stages"]["commits"] == tev["stages"]["cycles"]
     assert tev["equals_plain_greedy"] and tev["first_mismatch"] is None and tev["oracle_settled"]
     assert {"draft_ms", "build_ms", "forward_ms", "verify_ms", "rest_ms"} <= set(tev["stages"])
     assert tev["own_ms"] < tev["cycle_ms"]
@@ -121,3 +123,16 @@ def test_cuda_events_count_waits_kernels_and_launches(gpu_check):
     warned = ["called a synchronizing CUDA operation", "something else"]
     counts = gpu_check.count_events(events, warned, cuda=True)
     assert counts == {"host_waits": 3, "sync_warnings": 1, "kernels": 2, "launches": 1}
+
+
+def test_a_bare_device_finds_the_kit_in_the_checkout(gpu_check, monkeypatch):
+    """The device image has no kit installed, only the carried checkout: the check points HF_TEV_KIT there."""
+    from hf_tev import packaged
+
+    monkeypatch.delenv("HF_TEV_KIT", raising=False)
+    monkeypatch.setattr(packaged, "installed_package_dir", lambda name: None)
+    with pytest.raises(FileNotFoundError, match="tiny kit is not installed"):
+        packaged.kit_dir()
+    gpu_check.find_kit()
+    assert packaged.kit_dir() == gpu_check.CHECKOUT_KIT
+    assert (packaged.kit_path("drafter-dflash-l135") / "config.json").is_file()
