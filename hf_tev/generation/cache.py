@@ -185,7 +185,12 @@ def compact_columns(
 
 
 def commit_accepted_path(
-    cache: DynamicCache, past: int, path: torch.Tensor, path_is_prefix: bool, moves: list | None = None
+    cache: DynamicCache,
+    past: int,
+    path: torch.Tensor,
+    path_is_prefix: bool,
+    moves: list | None = None,
+    length: int | None = None,
 ) -> None:
     """Keep only the accepted path's rows of the tree window appended after `past` cached positions.
 
@@ -196,8 +201,12 @@ def commit_accepted_path(
     nothing moves. `moves` (one row, optional): the `(node, j)` of its path's nodes out of place (`path[j] = node
     != j`), known on the host; when given, only those columns are copied, one copy each (usually one node: the
     path leaves the first nodes at its last step), instead of an index_select of the whole path per tensor.
+    `length` (optional): the accepted length K when `path` is padded further, to the tree pass's width (a
+    `StaticCache`: the copy then has one shape every cycle, which a captured graph needs); the columns after K
+    are moved too, and cropped.
     """
-    kept = path.shape[-1]
+    width = path.shape[-1]
+    kept = width if length is None else length
     if not path_is_prefix:
         index = past + (path if path.dim() == 2 else path[None])  # [R, K]
         for layer in cache.layers:
@@ -212,10 +221,10 @@ def commit_accepted_path(
                         states.select(2, past + j).copy_(states.select(2, past + node))
                     continue
                 if index.shape[0] == 1:  # one row: a plain index_select
-                    states[:, :, past : past + kept] = states.index_select(2, index[0])
+                    states[:, :, past : past + width] = states.index_select(2, index[0])
                     continue
                 rows = index[:, None, :, None].expand(-1, states.shape[1], -1, states.shape[3])
-                states[:, :, past : past + kept] = states.gather(2, rows)
+                states[:, :, past : past + width] = states.gather(2, rows)
     crop_to(cache, past + kept)
 
 

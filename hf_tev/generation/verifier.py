@@ -7,6 +7,7 @@ path on the host (its one host sync) and the bonus token on the device.
 from __future__ import annotations
 
 import torch
+from transformers.cache_utils import StaticCache
 
 from ..tree import to_device
 from ..verify import VERIFIER_STEPS, VERIFIERS, run_steps, run_together
@@ -88,6 +89,9 @@ def verifier_stage(trees, logits, committed_ids, logits_processors, verify, gene
     is_prefix = all(len(path) == longest and path[-1] == longest - 1 for path in host_paths)
     if is_prefix:  # only the path length is read
         commit_accepted_path(cache, past, paths[0], True)
+    elif isinstance(cache, StaticCache):  # one copy of one shape every cycle: the path padded to the pass's width
+        padded = _padded(paths[0], logits.shape[1])
+        commit_accepted_path(cache, past, to_device(padded, logits.device), False, length=longest)
     elif len(paths) == 1:  # one row: the columns out of place are copied one by one when they are few
         moves = [(node, j) for j, node in enumerate(host_paths[0]) if node != j]
         moves = moves if len(moves) <= 2 else None

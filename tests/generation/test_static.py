@@ -136,3 +136,24 @@ def test_what_the_static_mode_does_not_cover_is_refused_by_name(target):
     ).eval()
     with pytest.raises(ValueError, match="static tree pass takes full-attention targets only"):
         static_generate(sliding, make_drafter(sliding), max_new_tokens=4, tev_config={"budget": 4})
+
+
+def test_a_static_commit_is_one_shape_every_cycle(target, monkeypatch):
+    """The commit of a path that leaves the tree's first nodes moves the path padded to the pass's width: one
+    copy of one shape whatever the accepted length (what a captured graph needs)."""
+    from hf_tev.generation import verifier
+
+    real, commits = verifier.commit_accepted_path, []
+
+    def recording(cache, past, path, path_is_prefix, *args, **kwargs):
+        commits.append((tuple(path.shape), path_is_prefix, kwargs.get("length")))
+        return real(cache, past, path, path_is_prefix, *args, **kwargs)
+
+    monkeypatch.setattr(verifier, "commit_accepted_path", recording)
+    expected = greedy(target, PROMPT, max_new_tokens=40)
+    drafter = with_oracle(make_drafter(target), expected)  # every third depth: the right token is not the first
+    out = static_generate(target, drafter, max_new_tokens=40, tev_config=TEVConfig(budget=8, lookup=False))
+    assert torch.equal(out.sequences, expected)
+    moved = [(shape, length) for shape, is_prefix, length in commits if not is_prefix]
+    assert len(moved) >= 2 and {shape for shape, _ in moved} == {(9,)}  # budget 8 + the root
+    assert all(length < 9 for _, length in moved)  # the copy is the pass's width, longer than the path
