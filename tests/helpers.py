@@ -387,11 +387,17 @@ from hf_tev.packaged import kit_dir  # noqa: E402
 
 TRAINING_BLOCK_SIZE = 4  # the training tests' drafters draft depths 1..3
 REPO_ROOT = Path(__file__).resolve().parent.parent
-KIT = kit_dir()  # the installed tiny kit (tiny_kit/ of this checkout)
 # The kit study's own drafters (Table 2 arms and the 3-layer run; research/tiny_kit/README.md), not shipped in the kit
 KIT_STUDY_DRAFTERS = REPO_ROOT / "research" / "tiny_kit" / "drafters"
-KIT_PROMPTS = KIT / "prompts" / "train.json"
-KIT_ROWS = KIT / "data" / "train_generated.jsonl"
+# The installed tiny kit (tiny_kit/ of this checkout) and two of its files, found when a test first asks for them:
+# importing helpers does no work, so a test that needs no kit runs without one.
+KIT_FILES = {"KIT": ".", "KIT_PROMPTS": "prompts/train.json", "KIT_ROWS": "data/train_generated.jsonl"}
+
+
+def __getattr__(name: str):
+    if name in KIT_FILES:
+        return kit_dir() / KIT_FILES[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 # `hf-tev train` flags of a few steps of a tiny drafter: small blocks, trees and decodes.
 SMALL_RUN = dict(
     block_size=4,

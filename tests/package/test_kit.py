@@ -2,6 +2,7 @@
 real trained target is exact with real acceptance (tau well above 1) on held-out prompts."""
 
 import json
+import os
 
 import pytest
 import torch
@@ -171,3 +172,22 @@ def test_the_kit_package_ships_every_file_it_holds():
     files = [p.relative_to(package).as_posix() for p in package.rglob("*") if p.is_file()]
     files = [f for f in files if "__pycache__" not in f and f != "__init__.py"]
     assert len(files) > 20 and [f for f in files if not shipped(f)] == []
+
+
+def test_the_test_helpers_import_without_a_kit(tmp_path):
+    """Importing tests/helpers.py does no work: without a kit, a test that needs none still runs, and one that asks
+    for the kit's files gets the kit's own error with its install hint."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    tests = Path(__file__).resolve().parents[1]
+    script = (
+        "import helpers\n"
+        "assert callable(helpers.make_target)\n"
+        "try:\n    helpers.KIT_ROWS\nexcept FileNotFoundError as error:\n    print('refused:', error)\n"
+    )
+    env = {**os.environ, "HF_TEV_KIT": str(tmp_path / "no-kit"), "PYTHONPATH": str(tests)}
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "refused: No tiny kit at" in done.stdout and "pip install -e ./tiny_kit" in done.stdout
