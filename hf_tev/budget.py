@@ -110,11 +110,13 @@ class AcceptanceCalibration:
 @dataclass(frozen=True)
 class ProbePlan:
     """Tree-pass sizes (tokens, ascending) to measure, the largest pass they are to price (`limit`), and whether
-    they extend the last probe (1 first as the anchor, then sizes beyond it) rather than replace it."""
+    they extend the last probe (1 first as the anchor, then sizes beyond it) rather than replace it, or `refresh`
+    one size of a stale probe (1 first as the anchor, then that size)."""
 
     sizes: list[int]
     limit: int
     extend: bool
+    refresh: bool = False
 
 
 def probe_sizes(first: int, limit: int) -> list[int]:
@@ -152,6 +154,9 @@ class CycleCost:
     # worth measuring).
     probe_limit: int = 0
     probe_stopped: bool = False
+    # Sizes of a stale probe still to measure again, one per call (`probe_plan`): a drift of the machine's load
+    # costs each call at most two passes, never the whole curve at once.
+    stale_sizes: list[int] = field(default_factory=list)
     _rest_moments: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0, 0.0, 0.0])  # w, n, n^2, t, n t
 
     @property
@@ -181,11 +186,16 @@ class CycleCost:
 
     def probe_plan(self, limit: int) -> ProbePlan:
         """The passes to measure now so that every pass of at most `limit` tokens is priced from a measurement.
-        All of them at first or when the probe is stale (1, 2, 4, ... up to `limit`); only the sizes beyond the
-        last probe's limit, with 1 first as the anchor `take_probe` rescales by, when the budget may now choose
-        larger trees than it was probed for; else none."""
-        if not self.probed or self.needs_probe:
+        All of them at first (1, 2, 4, ... up to `limit`). When the probe is stale, one size of it per call, with 1
+        first as the anchor (`take_probe` rescales the curve by it): the first such call brings the curve to the
+        machine's new level, and each later one corrects the shape at one more size. Only the sizes beyond the
+        last probe's limit, anchored at 1 the same way, when the budget may now choose larger trees than it was
+        probed for; else none."""
+        if not self.probed:
             return ProbePlan(probe_sizes(1, limit), limit, extend=False)
+        stale = self.stale_sizes or ([size for size in self.probe_sizes if size > 1] if self.needs_probe else [])
+        if stale or self.needs_probe:
+            return ProbePlan([1, *stale[:1]], self.probe_limit, extend=False, refresh=True)
         if self.probe_stopped or limit <= self.probe_limit:
             return ProbePlan([], limit, extend=False)
         return ProbePlan([1, *probe_sizes(self.probe_limit + 1, limit)], limit, extend=True)
@@ -194,8 +204,12 @@ class CycleCost:
         """The measured passes of `plan` (a pass that cost too much for any tree to pay ends it early, so `sizes`
         may be fewer). An extension's passes were measured at another moment than the probe (another load, a
         longer context), so they are rescaled by the ratio of the two measurements of a one-token pass before
-        they join the curve."""
+        they join the curve. A refresh rescales the whole curve to its new one-token pass and puts the size it
+        measured again in its place."""
         stopped = len(sizes) < len(plan.sizes)
+        if plan.refresh:
+            self._refresh(sizes, seconds, stopped)
+            return
         if not plan.extend:
             self.set_probe(sizes, seconds, plan.limit, stopped)
             return
@@ -203,6 +217,18 @@ class CycleCost:
         times = self.probe_times + [max(t * ratio, self.probe_times[-1]) for t in seconds[1:]]
         self.probe_sizes, self.probe_times = self.probe_sizes + list(sizes[1:]), times
         self.probe_limit, self.probe_stopped = plan.limit, stopped
+
+    def _refresh(self, sizes: list[int], seconds: list[float], stopped: bool) -> None:
+        ratio = seconds[0] / max(self.probe_times[0], 1e-12)
+        times = [t * ratio for t in self.probe_times]
+        times[0] = seconds[0]
+        for size, took in zip(sizes[1:], seconds[1:], strict=True):
+            times[self.probe_sizes.index(size)] = took
+        stale = self.stale_sizes or [size for size in self.probe_sizes if size > 1]
+        # a size that cost too much for any tree to pay (`stopped`) leaves the rest of the refresh to the scale
+        self.stale_sizes = [] if stopped else stale[1:]
+        self.probe_times = isotonic(times, [1.0] * len(times))
+        self.tree_scale, self.passes_since_probe = 1.0, 0
 
     def summary(self) -> dict:
         """The model in milliseconds, for `TEVStats`."""

@@ -398,6 +398,8 @@ def __getattr__(name: str):
     if name in KIT_FILES:
         return kit_dir() / KIT_FILES[name]
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 # `hf-tev train` flags of a few steps of a tiny drafter: small blocks, trees and decodes.
 SMALL_RUN = dict(
     block_size=4,

@@ -381,5 +381,25 @@ def test_a_stale_probe_is_not_taken_again_while_the_drafter_is_paused():
     assert cost.needs_probe
     budget.paused = 4  # the drafter does not pay now: its cycles are plain steps, no tree is priced
     assert budget.probe_plan().sizes == []
-    budget.paused = 0  # tried again: the stale probe is taken again, up to the cap only
-    assert budget.probe_plan() == ProbePlan([1, 2, 4, 8, 16], 17, extend=False)
+    budget.paused = 0  # tried again: the stale probe is taken again, one size (and the anchor) per call
+    assert budget.probe_plan() == ProbePlan([1, 2], 17, extend=False, refresh=True)
+
+
+def test_a_stale_probe_is_measured_again_one_size_per_call():
+    """A drift of the machine's load costs a call at most two passes: the first call rescales the curve to its new
+    one-token pass, and each later one measures one more size of it again, until the whole curve is new."""
+    cost = CycleCost()
+    budget = CostAwareBudget(max_budget=64, calibration=AcceptanceCalibration(), cost=cost)
+    plan = budget.probe_plan()
+    cost.take_probe(plan, plan.sizes, [10e-3 * (1 + 0.5 * k) for k in plan.sizes])  # probed under load
+    for _ in range(cost.stale_after):
+        cost.observe(0, 2e-3, 0.0)  # then quiet, and the shape changed too: 1 ms per token past the first
+    assert cost.needs_probe
+    quiet = [1e-3 * (1 + k) for k in (1, 2, 4, 8, 16)]
+    plans = []
+    while (plan := budget.probe_plan()).sizes:
+        plans.append(plan.sizes)
+        cost.take_probe(plan, plan.sizes, [1e-3 * (1 + k) for k in plan.sizes])
+        assert cost.tree_scale == 1.0 and not cost.needs_probe  # the level is right from the first call on
+    assert plans == [[1, 2], [1, 4], [1, 8], [1, 16]]
+    assert cost.probe_sizes == [1, 2, 4, 8, 16] and cost.probe_times == pytest.approx(quiet)

@@ -124,7 +124,10 @@ def test_a_stale_probe_is_taken_again_at_the_next_call(monkeypatch):
     prompt = torch.tensor([[1, 5, 9, 13, 7, 3]])
     clock, price, real = ScriptedClock(), {"per_token": 0.5}, forward.tree_forward
 
+    passes = []
+
     def priced_forward(model, tokens, *args):  # only the probe's passes are priced by the script
+        passes.append(tokens.numel())
         clock.pending += price["per_token"] * tokens.numel()
         return real(model, tokens, *args)
 
@@ -151,5 +154,7 @@ def test_a_stale_probe_is_taken_again_at_the_next_call(monkeypatch):
     budget.paused = 8  # the drafter does not pay (it is untrained): while it is paused no tree is priced
     assert call()["probe_ms"][0] == 500.0  # so the stale probe is not taken again
     auto.forget_budgets()  # a budget whose drafter is not paused (as after the pause)
-    quiet = call()  # the passes drifted far from the probe: this call probes again
+    passes.clear()
+    quiet = call()  # the passes drifted far from the probe: this call probes again, one size and the anchor
     assert quiet["probe_ms"][0] == 1.0
+    assert sorted(set(passes))[:2] == [1, 2] and passes.count(16) == 0  # not the whole curve: 4, 8 and 16 wait
