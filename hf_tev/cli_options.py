@@ -41,13 +41,20 @@ def option_names(parser) -> dict[str, str]:
 
 
 def record_given_names(parser) -> None:
-    """Make every option that has several names (`--drafters` / `--drafter`) record the names it is given under
-    (`action.given_names`; abbreviations come resolved by argparse), so that `refuse_names_given_twice` can refuse
-    two of them. Call it once the parser has all its options."""
+    """Make every option that has several names (`--drafters` / `--drafter`, and a boolean's `--x` / `--no_x`,
+    two actions of one argument) record the names it is given under (`action.given_names`, one list per
+    argument; abbreviations come resolved by argparse), so that `refuse_names_given_twice` can refuse two of
+    them. Call it once the parser has all its options."""
+    by_argument: dict[str, list] = {}
     for action in parser._actions:
-        if len({canonical(option) for option in action.option_strings}) > 1:
-            action.__class__ = _recording(type(action))
-            action.given_names = []
+        if action.option_strings:
+            by_argument.setdefault(action.dest, []).append(action)
+    for actions in by_argument.values():
+        if len({canonical(option) for action in actions for option in action.option_strings}) > 1:
+            given_names = []
+            for action in actions:
+                action.__class__ = _recording(type(action))
+                action.given_names = given_names
 
 
 @functools.cache
@@ -67,7 +74,7 @@ def refuse_names_given_twice(parser) -> None:
     twice (in either spelling) stays argparse's last-wins."""
     for action in parser._actions:
         names = list(dict.fromkeys(getattr(action, "given_names", ())))
-        if len(names) > 1:
+        if len(names) > 1:  # the actions of one argument share the list: the first of them refuses
             given = " and ".join(f"--{name}" for name in names)
             raise ValueError(f"{given} are two names of one argument ({action.dest}) and were both given; give it once")
 
@@ -77,8 +84,9 @@ def refuse_names_given_twice(parser) -> None:
 
 
 def split_config(parser, argv: Sequence[str]) -> tuple[str | None, list[str]]:
-    """`(the recipe file or None, the other arguments)`: `--config FILE` anywhere, or `FILE.yaml|yml|json` first."""
-    argv = list(argv)
+    """`(the recipe file or None, the other arguments)`: `--config FILE` (or `--config=FILE`) anywhere, or
+    `FILE.yaml|yml|json` first."""
+    argv = [part for arg in argv for part in (arg.split("=", 1) if arg.startswith("--config=") else [arg])]
     if "--config" in argv:
         at = argv.index("--config")
         if at + 1 >= len(argv):

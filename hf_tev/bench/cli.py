@@ -233,7 +233,11 @@ def parse_config(argv: list[str], prog: str = "hf-tev bench") -> BenchConfig:
             apply_config(parser, config)
         except (ValueError, OSError) as error:
             parser.error(" ".join(str(error).split()))
-    (arguments,) = parser.parse_args_into_dataclasses(args=argv, look_for_args_file=False)
+    arguments, *unknown = parser.parse_args_into_dataclasses(
+        args=argv, look_for_args_file=False, return_remaining_strings=True
+    )
+    if unknown and unknown[0]:
+        parser.error(f"unrecognized arguments: {' '.join(unknown[0])}")
     try:  # every check that needs no model, before any is loaded
         refuse_names_given_twice(parser)
         config = config_from_arguments(vars(arguments))

@@ -236,6 +236,24 @@ def test_a_broken_recipe_is_named_with_its_line_and_column(config_flag, tmp_path
     assert "<unicode string>" not in line and not no_run
 
 
+def test_a_boolean_and_its_no_flag_given_together_are_refused(tmp_path, no_run, capsys):
+    line = _refusal(["--no_chat_template", "--chat_template", "true", "--output", str(tmp_path / "o")], capsys)
+    assert "--no_chat_template and --chat_template are two names of one argument (chat_template)" in line
+    assert not no_run
+
+
+def test_an_unknown_option_is_refused_in_one_line(tmp_path, no_run, capsys):
+    line = _refusal(["--bogus_flag", "1", "--output", str(tmp_path / "o")], capsys)
+    assert line == "hf-tev bench: error: unrecognized arguments: --bogus_flag 1" and not no_run
+
+
+def test_config_equals_file_reads_the_recipe(tmp_path, no_run, capsys):
+    recipe = tmp_path / "broken.yaml"
+    recipe.write_text("methods: [ar, tev\n")
+    line = _refusal([f"--config={recipe}"], capsys)  # read as the recipe: its own error, with line and column
+    assert line.startswith(f"hf-tev bench: error: {recipe} line 2 column 1: not valid YAML") and not no_run
+
+
 def test_every_setting_is_an_option_and_help_all_lists_the_main_ones_first(capsys):
     assert set(bench.cli.OPTIONS) == {f.name for f in fields(bench.BenchConfig)}
     with pytest.raises(SystemExit):

@@ -180,6 +180,12 @@ def test_an_argument_given_under_two_names_is_refused_naming_both(first, second,
     assert "b" in (script.drafter, script.target, script.prompts, script.prompts_split)
 
 
+def test_a_boolean_and_its_no_flag_given_together_are_refused(tmp_path, capsys, no_model):
+    argv = ["--target", "t", "--prompts", "p.jsonl", "--output_dir", str(tmp_path / "o")]
+    error = one_line_error(capsys, [*argv, "--dataloader_pin_memory", "true", "--no_dataloader_pin_memory"])
+    assert "--dataloader_pin_memory and --no_dataloader_pin_memory are two names of one argument" in error
+
+
 def test_an_abbreviated_alias_is_one_of_the_two_names(tmp_path, capsys, no_model):
     argv = ["--target", "t", "--prompts", "p.jsonl", "--model_name", "a", "--drafter", "b"]
     error = one_line_error(capsys, [*argv, "--output_dir", str(tmp_path / "o")])
