@@ -28,6 +28,7 @@ from torch.nn.utils.rnn import pad_sequence
 from transformers.utils import logging
 
 from .features import FINGERPRINT_FORMAT, CachedFeatureDataset, target_fingerprint
+from .inputs import read_json_lines, read_text
 from .rows import (
     ATTENTION_MASK,
     CONTEXT_FEATURES,
@@ -372,6 +373,20 @@ def generation_settings(target, max_new_tokens: int, apply_chat_template: bool, 
     )
 
 
+def _read_settings(path: Path) -> dict:
+    """A rows file's recorded settings; ValueError naming the file, line and column when it is damaged."""
+    try:
+        settings = json.loads(read_text(path))
+    except json.JSONDecodeError as error:
+        raise ValueError(
+            f"{path} line {error.lineno} column {error.colno}: not valid JSON ({error.msg}); delete it and its rows "
+            "file to start over"
+        ) from None
+    if not isinstance(settings, dict):
+        raise ValueError(f"{path} must hold a JSON object of settings, got {type(settings).__name__}")
+    return settings
+
+
 class RowsFile:
     """The rows file of `generate_training_data`: rows are appended to `<path>.partial` as they are generated, and
     the partial file becomes `path` by a rename once every prompt is answered, so `path` only ever holds a whole
@@ -391,7 +406,7 @@ class RowsFile:
             self._lock.acquire()
         except Timeout:
             self._lock = None
-            raise RuntimeError(
+            raise ValueError(
                 f"{self.path} is being written by another process (its lock {self.path}.lock is held); wait for it "
                 "to finish, or give this run another output path"
             ) from None
@@ -415,7 +430,7 @@ class RowsFile:
 
     def _read(self, file: Path, settings: dict, encoded: list[list[int]]) -> list[dict[str, Any]]:
         recorded_path = settings_file(self.path)
-        recorded = json.loads(recorded_path.read_text()) if recorded_path.is_file() else None
+        recorded = _read_settings(recorded_path) if recorded_path.is_file() else None
         if recorded is None:
             raise ValueError(f"{file} holds rows but no {recorded_path.name}: it was not written by this function")
         compared = [key for key in settings if key not in ("versions", "target")]
@@ -434,7 +449,13 @@ class RowsFile:
         if len(complete) < len(data):  # a run stopped in the middle of a row
             with open(file, "r+b") as f:
                 f.truncate(len(complete))
-        rows = [json.loads(line) for line in complete.decode("utf-8").splitlines() if line.strip()]
+        rows = read_json_lines(file)
+        for number, row in enumerate(rows, start=1):
+            if not isinstance(row, dict) or not {INPUT_IDS, PROMPT_LENGTH} <= row.keys():
+                raise ValueError(
+                    f"{file} line {number}: not a row of this function (an object with {INPUT_IDS!r} and "
+                    f"{PROMPT_LENGTH!r}); delete the file to start over, or give this run another output path"
+                )
         if len(rows) > len(encoded):
             raise ValueError(f"{file} holds {len(rows)} rows, more than the {len(encoded)} prompts of this run")
         for index, (row, prompt) in enumerate(zip(rows, encoded, strict=False)):

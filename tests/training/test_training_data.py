@@ -229,9 +229,26 @@ def test_a_finished_rows_file_is_never_written_again_and_one_writer_at_a_time(ta
     # A second writer of the same rows file is refused by name while the first holds it.
     from filelock import FileLock
 
-    held = pytest.raises(RuntimeError, match=r"train\.jsonl is being written by another process")
+    held = pytest.raises(ValueError, match=r"train\.jsonl is being written by another process")
     with FileLock(str(out) + ".lock"), held:
         generate_training_data(target, PROMPTS, output_path=out, **settings)
+
+
+def test_a_damaged_rows_file_is_named_with_its_line(target, tmp_path):
+    settings = dict(max_new_tokens=4, batch_size=2, show_progress=False, do_sample=False)
+    out = tmp_path / "train.jsonl"
+    generate_training_data(target, PROMPTS[:3], output_path=out, **settings)
+    lines = out.read_text().splitlines(keepends=True)
+    out.write_text(lines[0] + "{not json\n" + lines[2])
+    with pytest.raises(ValueError, match=r"train\.jsonl line 2: not valid JSON \(.* at column 2\)"):
+        generate_training_data(target, PROMPTS[:3], output_path=out, **settings)
+    out.write_text(lines[0] + '{"prompt_length": 3}\n' + lines[2])
+    with pytest.raises(ValueError, match=r"train\.jsonl line 2: not a row of this function"):
+        generate_training_data(target, PROMPTS[:3], output_path=out, **settings)
+    out.write_text("".join(lines))
+    settings_file(out).write_text('{"max_new_tokens": 4,')
+    with pytest.raises(ValueError, match=r"train\.settings\.json line 1 column 22: not valid JSON"):
+        generate_training_data(target, PROMPTS[:3], output_path=out, **settings)
 
 
 def test_a_run_stopped_after_its_last_row_is_finished_by_the_rerun(target, tmp_path):
