@@ -12,7 +12,8 @@ import argparse
 import functools
 import io
 import json
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -77,6 +78,36 @@ def refuse_names_given_twice(parser) -> None:
         if len(names) > 1:  # the actions of one argument share the list: the first of them refuses
             given = " and ".join(f"--{name}" for name in names)
             raise ValueError(f"{given} are two names of one argument ({action.dest}) and were both given; give it once")
+
+
+# ----------------------------------------------------------------------------------------------
+# One run per output folder
+
+
+@contextmanager
+def owned_folder(option: str, folder: Path, lock_name: str, command: str) -> Iterator[None]:
+    """Own `folder` (its `lock_name` file, a non-blocking `filelock`) until the block ends, so that two runs of
+    `command` never write one folder; a second run is refused at once, by name. A folder this created and left
+    empty but for the lock is removed again (a run refused before it starts leaves nothing)."""
+    from filelock import FileLock, Timeout
+
+    created = not folder.exists()
+    folder.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(str(folder / lock_name), timeout=0)
+    try:
+        lock.acquire()
+    except Timeout:
+        raise ValueError(
+            f"{option} {folder}: another {command} run holds this folder (its lock {folder / lock_name} is "
+            "taken); wait for that run to end, or pick another folder"
+        ) from None
+    try:
+        yield
+    finally:
+        if created and [path.name for path in folder.iterdir()] == [lock_name]:
+            (folder / lock_name).unlink(missing_ok=True)
+            folder.rmdir()
+        lock.release()
 
 
 # ----------------------------------------------------------------------------------------------

@@ -11,13 +11,14 @@ after it override it).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import sys
 import typing
 from dataclasses import field, fields, make_dataclass
 from pathlib import Path
 
-from ..cli_options import apply_config, record_given_names, refuse_names_given_twice, split_config
+from ..cli_options import apply_config, owned_folder, record_given_names, refuse_names_given_twice, split_config
 from ..help_view import ShortHelpFormatter, add_help_all, short_view
 from ..packaged import KIT_DRAFTERS
 from .config import DTYPES, BenchConfig
@@ -223,6 +224,9 @@ def config_from_arguments(values: dict) -> BenchConfig:
     return BenchConfig(**values)
 
 
+RUN_LOCK = "_hf_tev_bench.lock"  # in --output while a run writes it: one run per folder
+
+
 def parse_config(argv: list[str], prog: str = "hf-tev bench") -> BenchConfig:
     """The checked `BenchConfig` of a command line: options, a YAML / JSON file (first, or `--config FILE`) and
     options that override it; one option given under two of its names is refused."""
@@ -254,8 +258,13 @@ def main(argv: list[str] | None = None, prog: str = "hf-tev bench") -> dict:
     if argv[:1] == ["report"]:
         return report_main(argv[1:], prog=f"{prog} report")
     config = parse_config(argv, prog)
-    document = run_bench(config)
-    paths = write_outputs(document, config.output)
+    with contextlib.ExitStack() as owned:
+        try:  # one run per output folder: a second one is refused before any model loads
+            owned.enter_context(owned_folder("--output", Path(config.output), RUN_LOCK, prog))
+        except ValueError as error:
+            build_parser(prog, full=False).error(str(error))
+        document = run_bench(config)
+        paths = write_outputs(document, config.output)
     print(markdown_report(document))
     print("wrote " + ", ".join(str(p) for p in paths.values()))
     return document

@@ -11,6 +11,7 @@ or whose earlier results it would replace. Methods are ordered, coloured and nam
 from __future__ import annotations
 
 import json
+import os
 import tempfile
 from pathlib import Path
 
@@ -471,5 +472,7 @@ def write_outputs(document: dict, output: str | Path) -> dict[str, Path]:
     folder = Path(output)
     folder.mkdir(parents=True, exist_ok=True)
     text = json.dumps(document, indent=1, sort_keys=False) + "\n"
-    (folder / JSON_NAME).write_text(text)
+    partial = folder / (JSON_NAME + ".partial")  # written whole, then renamed: never half a document
+    partial.write_text(text)
+    os.replace(partial, folder / JSON_NAME)
     return {"json": folder / JSON_NAME, **write_report(json.loads(text), folder)}

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..cli_options import read_config
+from ..cli_options import owned_folder, read_config
 from ..config import temperature_sampling
 from .inputs import PROMPT_COLUMNS, check_model_roles, check_model_source, read_prompts, read_rows
 from .script_args import ExitScriptArguments, build_parser, parse_args
@@ -106,36 +106,11 @@ def run_folders_lock(script: ExitScriptArguments, args):
     stack = ExitStack()
     try:
         for option, folder in folders:
-            stack.enter_context(_folder_lock(option, folder))
+            stack.enter_context(owned_folder(option, folder, RUN_LOCK, "hf-tev train"))
     except BaseException:
         stack.close()
         raise
     return stack
-
-
-@contextmanager
-def _folder_lock(option: str, folder: Path) -> Iterator[None]:
-    """Own `folder` (its `RUN_LOCK` file, a non-blocking `filelock`) until the block ends; a folder this created
-    and left empty but for the lock is removed again (a run refused before it starts leaves nothing)."""
-    from filelock import FileLock, Timeout
-
-    created = not folder.exists()
-    folder.mkdir(parents=True, exist_ok=True)
-    lock = FileLock(str(folder / RUN_LOCK), timeout=0)
-    try:
-        lock.acquire()
-    except Timeout:
-        raise ValueError(
-            f"{option} {folder}: another hf-tev train run holds this folder (its lock {folder / RUN_LOCK} is "
-            "taken); wait for that run to end, or pick another folder"
-        ) from None
-    try:
-        yield
-    finally:
-        if created and [path.name for path in folder.iterdir()] == [RUN_LOCK]:
-            (folder / RUN_LOCK).unlink(missing_ok=True)
-            folder.rmdir()
-        lock.release()
 
 
 def prepare(script: ExitScriptArguments, args) -> Sources:

@@ -242,6 +242,18 @@ def test_a_boolean_and_its_no_flag_given_together_are_refused(tmp_path, no_run, 
     assert not no_run
 
 
+def test_a_second_run_into_a_held_output_folder_is_refused_before_any_model_loads(tmp_path, no_run, capsys):
+    from filelock import FileLock
+
+    output = tmp_path / "o"
+    output.mkdir()
+    with FileLock(str(output / bench.cli.RUN_LOCK)):  # another hf-tev bench run is writing this folder
+        line = _refusal(["--output", str(output)], capsys)
+    assert f"--output {output}: another hf-tev bench run holds this folder" in line and not no_run
+    with pytest.raises(Started):  # once it ended, the folder is free again
+        hf_tev_main(["bench", "--output", str(output)])
+
+
 def test_an_unknown_option_is_refused_in_one_line(tmp_path, no_run, capsys):
     line = _refusal(["--bogus_flag", "1", "--output", str(tmp_path / "o")], capsys)
     assert line == "hf-tev bench: error: unrecognized arguments: --bogus_flag 1" and not no_run
