@@ -11,8 +11,8 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections.abc import Iterator, Sequence
-from contextlib import ExitStack, contextmanager, nullcontext
+from collections.abc import Sequence
+from contextlib import ExitStack, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
