@@ -25,6 +25,7 @@ Measured figures, with their commands, are in README.md ("What speedup to expect
 
 import argparse
 import statistics
+import sys
 import time
 
 import torch
@@ -99,14 +100,15 @@ def main():
         if args.drafter == "auto":  # the kit's drafter, the one trained for a packaged target, else none
             trained = kit_path("drafter-dflash-l135") if args.kit else default_drafter(args.target)
             args.drafter = str(trained) if trained else None
-    except FileNotFoundError as error:
+        # a local folder, else a packaged model's converted folder, else the name (said, or refused offline)
+        source = pretrained_source(args.target)
+    except (FileNotFoundError, ModuleNotFoundError) as error:
         parser.error(str(error))
     if args.drafter == "none":
         args.drafter = None
     prompt = (args.prompt or (KIT_PROMPT if args.kit else PROMPT)).rstrip()
 
     dtype = getattr(torch, args.dtype)
-    source = pretrained_source(args.target)  # a local folder, else a packaged model's converted folder, else the name
     tokenizer = AutoTokenizer.from_pretrained(source)
     target = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, attn_implementation="sdpa")
     target = target.to(args.device).eval()
@@ -144,9 +146,11 @@ def main():
             input_ids, assistant_model=drafter, tev_config=tev_config, return_dict_in_generate=True, **common
         )
 
+    print("timing plain generate against hf_tev: a warm-up, then 3 interleaved rounds", file=sys.stderr)
     plain(), tev()  # warm-up (the automatic budget also measures this machine's tree-pass costs here)
     plain_times, tev_times = [], []
-    for _ in range(3):  # interleaved, medians
+    for round_ in range(3):  # interleaved, medians
+        print(f"round {round_ + 1} of 3", file=sys.stderr)
         expected, seconds = timed(plain)
         plain_times.append(seconds)
         out, seconds = timed(tev)

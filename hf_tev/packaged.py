@@ -142,8 +142,35 @@ def uses_packaged_model(name: str) -> bool:
 def pretrained_source(name: str) -> str:
     """What `from_pretrained` should read for `name`: `name` itself when it is an existing folder (a local folder
     always wins, as in transformers), else the converted folder of a packaged model whose package is installed (the
-    same weights on every machine, online or not; converted here on first use), else `name` itself (a Hub id)."""
-    return str(packaged_model_path(name)) if uses_packaged_model(name) else name
+    same weights on every machine, online or not; converted here on first use), else `name` itself (a Hub id).
+
+    A packaged model whose package is not installed is never replaced without a word: offline that is a
+    `ModuleNotFoundError` naming the package to install; online, a warning that the Hub's weights load instead (not
+    the packaged ones its shipped drafter was trained on)."""
+    if uses_packaged_model(name):
+        return str(packaged_model_path(name))
+    say_if_its_package_is_missing(name)
+    return name
+
+
+def say_if_its_package_is_missing(name: str) -> None:
+    """For the Hub id of a packaged model whose package is not installed (and no local folder spelled like it):
+    `ModuleNotFoundError` naming the package when the Hub is offline, else a warning (once) that the Hub's weights
+    load instead. Nothing for any other name."""
+    from huggingface_hub import is_offline_mode
+    from transformers.utils import logging
+
+    if name not in PACKAGED_MODELS or is_local_folder(name) or is_installed(name):
+        return
+    model = packaged_model(name)
+    missing = f"{model.hub_id}: hf_tev loads it from the package {model.distribution}, which is not installed"
+    if is_offline_mode() or os.environ.get("HF_HUB_OFFLINE", "").upper() in ("1", "ON", "YES", "TRUE"):
+        raise ModuleNotFoundError(f"{missing}, and the Hub is offline (HF_HUB_OFFLINE): {model.install_hint}")
+    logging.get_logger(__name__).warning_once(
+        f"{missing}: the Hub's weights load instead (not the packaged {model.quantization} weights"
+        + (" its shipped drafter was trained on" if model.drafter else "")
+        + f"). For the packaged ones: {model.install_hint}"
+    )
 
 
 def resolve(name: str) -> str:

