@@ -126,6 +126,24 @@ def test_every_rule_and_substitution_still_matches_the_readme():
 
 
 @pytest.mark.slow  # the quick start loads the real target, SmolLM2
+def test_no_block_rebinds_the_quick_starts_models_but_the_hub_one():
+    """A reader on a CPU pastes the quick start, skips the GPU block and goes on: no other block may rebind the
+    quick start's target, tokenizer or drafter (the kit block has its own names), and no output comment is copied
+    into a block it does not describe."""
+    import ast
+
+    python = blocks("python")
+    quick_start_names = {"target", "tokenizer", "drafter"}
+    for block in python[1:]:
+        if 'device_map="cuda"' in block:  # the Hub block: it replaces the models on purpose
+            continue
+        bound = {node.id for node in ast.walk(ast.parse(block)) if isinstance(node, ast.Name)
+                 and isinstance(node.ctx, ast.Store)}  # fmt: skip
+        assert not bound & quick_start_names, (bound & quick_start_names, block[:80])
+    comments = [line.split("#", 1)[1].strip() for block in python for line in block.splitlines() if "  # " in line]
+    assert comments.count("def largest(...): return max(numbers)") == 1
+
+
 def test_the_python_blocks_run_in_order_in_one_session(standin, smollm2_folder, tmp_path, monkeypatch, capfd):
     monkeypatch.chdir(tmp_path)  # the training block writes "out"
     monkeypatch.setenv("HF_TEV_CACHE", str(smollm2_folder.parent.parent))  # the session's converted SmolLM2
