@@ -768,3 +768,10 @@ def test_saved_config_reloads_without_a_deprecation_warning(tmp_path, rope):
         assert not said, said
     # A scaled rope keeps `rope_scaling` for transformers 4.x, which the plain `PreTrainedConfig` mentions once.
     assert reloaded.config.rope_parameters == target.config.rope_parameters
+
+
+def test_no_drafter_named_is_refused_before_the_hub_is_asked():
+    """`from_pretrained(None)` (what `default_drafter` gives where no drafter ships) names the cause, not a Hub
+    repo called 'None'."""
+    with pytest.raises(ValueError, match=r"from_pretrained\(None\): no drafter was named.*default_drafter"):
+        DFlashDraftModel.from_pretrained(None)

@@ -432,6 +432,10 @@ def test_the_patch_free_callable_takes_drafter_where_transformers_refuses_assist
         with pytest.raises(ValueError, match="assisted generation is not supported with stateful models"):
             target.generate(prompt, assistant_model=drafter, **kwargs)
         assert target.generate(prompt, drafter=drafter, **kwargs).tolist() == expected.tolist()
+        # the folder form of the hook (custom_generate/ of this repository, as on the Hub) runs before that check
+        repository = str(Path(__file__).resolve().parents[2])
+        folder_form = dict(kwargs, custom_generate=repository, trust_remote_code=True)
+        assert target.generate(prompt, assistant_model=drafter, **folder_form).tolist() == expected.tolist()
     finally:
         hf_tev.enable()
     assert target.generate(prompt, assistant_model=drafter, **kwargs).tolist() == expected.tolist()  # the route

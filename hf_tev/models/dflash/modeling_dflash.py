@@ -424,6 +424,12 @@ class DFlashDraftModel(DraftVocabularyMixin, PreTrainedModel):
         a missing local folder, a folder without `config.json`, pickle weights (also behind a safetensors index),
         a tensor that is not floating point, and a missing, unexpected or mis-shaped weight each raise an error
         naming it."""
+        if pretrained_model_name_or_path is None:  # e.g. `packaged.default_drafter` where no drafter ships
+            raise ValueError(
+                "DFlashDraftModel.from_pretrained(None): no drafter was named. hf_tev.packaged.default_drafter "
+                "returns None where no drafter ships for the target, or where a local folder is spelled like its Hub "
+                "id; pass a drafter folder or Hub id, or decode with context drafts alone (no assistant_model)"
+            )
         if kwargs.get("use_safetensors") is False:
             raise ValueError("DFlashDraftModel loads safetensors only (use_safetensors=False is not supported)")
         check_tensor_dtypes(safetensors_files(pretrained_model_name_or_path, kwargs))
