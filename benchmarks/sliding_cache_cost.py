@@ -2,7 +2,7 @@
 tree-pass time with full-length layers windowed by the mask, against the sliding layers' own cache, on a tiny
 random Gemma 3.
 
-    python examples/sliding_cache_cost.py
+    python benchmarks/sliding_cache_cost.py
 """
 
 import time
