@@ -118,6 +118,16 @@ def test_a_compiled_target_compiles_once_per_budget_never_per_cycle():
     assert torch.equal(second.sequences, expected)
     assert len(traced) == per_call, "a later cycle or call was compiled again"
     assert not counters["recompiles"], dict(counters["recompiles"])
+    # a second budget is a second shape: compiled once, in its first call; after that neither budget traces again
+    other = TEVConfig(budget=4, lookup=False)
+    assert torch.equal(static_generate(target, drafter, max_new_tokens=40, tev_config=other).sequences, expected)
+    both = len(traced)
+    assert both > per_call
+    for tev_config in (other, config, other):
+        assert torch.equal(
+            static_generate(target, drafter, max_new_tokens=40, tev_config=tev_config).sequences, expected
+        )
+    assert len(traced) == both, "a budget already compiled was compiled again"
     plain = target.generate(PROMPT, do_sample=False, max_new_tokens=40, cache_implementation="static")
     assert torch.equal(plain, first.sequences)  # plain generate on the same compiled model
     torch._dynamo.reset()
