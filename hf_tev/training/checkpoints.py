@@ -138,6 +138,40 @@ def check_checkpoint_drafter(path, drafter) -> None:
         )
 
 
+SETTINGS_NAME = "exit_train_settings.json"  # in each checkpoint: what the run optimises (`objective_settings`)
+
+
+def objective_settings(args) -> dict:
+    """The settings that say what an ExitTrain run optimises: every field `ExitTrainingArguments` adds to
+    `TrainingArguments`, but the ones that only say how it is evaluated (`eval_tau_*`) or stepped. A resumed run
+    must keep them (`check_checkpoint_settings`); the optimiser's and schedule's own settings may change."""
+    from dataclasses import fields
+
+    from transformers import TrainingArguments
+
+    own = {f.name for f in fields(args)} - {f.name for f in fields(TrainingArguments)}
+    kept = sorted(name for name in own if not name.startswith("eval_tau_") and name != "remove_unused_columns")
+    return {name: getattr(args, name) for name in kept}
+
+
+def check_checkpoint_settings(path, args) -> None:
+    """Raise an error naming the checkpoint and the settings that differ when the run resuming it optimises
+    another objective than the run that wrote it (its `SETTINGS_NAME`; a checkpoint without one is not checked):
+    resumed under another objective, the run's steps would mean two trainings under one name."""
+    file = Path(path) / SETTINGS_NAME
+    if not file.is_file():
+        return
+    saved = _check_json_file(file, NO_WEIGHTS)
+    ours = json.loads(json.dumps(objective_settings(args)))  # as JSON reads it back (tuples as lists)
+    differ = [f"{name} {saved[name]!r} there, {ours[name]!r} here" for name in ours
+              if name in saved and saved[name] != ours[name]]  # fmt: skip
+    if differ:
+        raise ValueError(
+            f"resume_from_checkpoint: {path} was trained with other settings ({'; '.join(differ)}); resume with the "
+            f"settings of the run that wrote it, or start a new run from its weights (hf-tev train --drafter {path})"
+        )
+
+
 def _check_torch_file(file: Path, hint: str) -> None:
     if not zipfile.is_zipfile(file):  # torch.save writes a zip archive
         raise ValueError(f"{file} is damaged (not a torch.save file; was it cut off?); {hint}")

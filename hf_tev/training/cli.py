@@ -154,7 +154,7 @@ def resume_checkpoint(args) -> str | None:
     """The checked checkpoint of `--resume_from_checkpoint` (`last`: the newest in `--output_dir`), or None."""
     from transformers.trainer_utils import get_last_checkpoint
 
-    from .checkpoints import check_checkpoint
+    from .checkpoints import check_checkpoint, check_checkpoint_settings
 
     resume = args.resume_from_checkpoint
     if resume is None:
@@ -164,6 +164,7 @@ def resume_checkpoint(args) -> str | None:
         if resume is None:
             raise ValueError(f"--resume_from_checkpoint last: no checkpoint in {args.output_dir}")
     check_checkpoint(resume, optimizer=not (args.deepspeed or args.fsdp))
+    check_checkpoint_settings(resume, args)
     return str(resume)
 
 

@@ -39,6 +39,7 @@ process holds its own frozen copy of the target (not wrapped by DDP). On CPU, `t
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import pickle
@@ -55,7 +56,16 @@ from transformers.trainer_utils import get_last_checkpoint
 
 from ..models.dflash.modeling_dflash import DFlashDraftModel
 from . import hub
-from .checkpoints import NEW_RUN, DrawCounter, check_checkpoint, check_checkpoint_drafter, seeded_generator
+from .checkpoints import (
+    NEW_RUN,
+    SETTINGS_NAME,
+    DrawCounter,
+    check_checkpoint,
+    check_checkpoint_drafter,
+    check_checkpoint_settings,
+    objective_settings,
+    seeded_generator,
+)
 from .data import ExitDataCollator, check_trainer_datasets
 from .exit_config import ExitTrainingArguments
 from .losses import OPD_DRAFT_VOCAB, FlopCounter, StepLoss, replay_loss, rows_loss
@@ -174,8 +184,9 @@ class ExitTrainer(Trainer):
     def train(self, resume_from_checkpoint: str | bool | None = None, trial=None, ignore_keys_for_eval=None, **kwargs):
         """`Trainer.train`, with the checkpoint to resume from checked first (`checkpoints.check_checkpoint`): a
         checkpoint without `trainer_state.json`, `model.safetensors`, `optimizer.pt` or `scheduler.pt`, or with one
-        of them damaged, or whose weights are another drafter's, is refused before any step instead of resuming
-        with a fresh optimizer or failing on a size mismatch. `True` resumes from the last
+        of them damaged, or whose weights are another drafter's, or written under another objective (its
+        `exit_train_settings.json`), is refused before any step instead of resuming with a fresh optimizer, failing
+        on a size mismatch or mixing two trainings. `True` resumes from the last
         checkpoint in `args.output_dir`."""
         if resume_from_checkpoint is True:
             resume_from_checkpoint = (
@@ -188,6 +199,7 @@ class ExitTrainer(Trainer):
             check_checkpoint(resume_from_checkpoint, optimizer=own_layout)
             if own_layout:
                 check_checkpoint_drafter(resume_from_checkpoint, self.accelerator.unwrap_model(self.model))
+            check_checkpoint_settings(resume_from_checkpoint, self.args)
         return super().train(resume_from_checkpoint, trial, ignore_keys_for_eval, **kwargs)
 
     def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:
@@ -306,8 +318,13 @@ class ExitTrainer(Trainer):
         torch.save(self.args, os.path.join(output_dir, TRAINING_ARGS_NAME))
 
     def _save_rng_state(self, output_dir: str) -> None:
-        # Every process writes its current rollouts into the checkpoint: a resumed run trains on the same ones.
+        # What only a checkpoint holds (Trainer calls this for checkpoints alone). The objective's settings, read
+        # back without unpickling when the run resumes (`check_checkpoint_settings`); and every process's current
+        # rollouts: a resumed run trains on the same ones.
         super()._save_rng_state(output_dir)
+        if self.args.should_save:
+            with open(os.path.join(output_dir, SETTINGS_NAME), "w") as f:
+                json.dump(objective_settings(self.args), f, indent=1)
         if self.args.objective == "opd":
             self.rollout_pool.save(output_dir)
 

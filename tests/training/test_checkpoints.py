@@ -20,6 +20,7 @@ from helpers import (
 
 from hf_tev.packaged import kit_path
 from hf_tev.training import ExitTrainer, cli
+from hf_tev.training.checkpoints import SETTINGS_NAME
 
 
 @pytest.fixture(scope="module")
@@ -123,6 +124,9 @@ def test_a_checkpoint_of_another_drafter_is_named_before_any_step(checkpoint, tm
     assert trainer.state.global_step == 0
     target.save_pretrained(tmp_path / "target")
     monkeypatch.setattr(cli, "_rows", lambda *a, **k: pytest.fail("the rows were read before the check"))
+    # a checkpoint without its settings file (written before it existed) is checked by its weights alone; the CLI's
+    # default settings are not the Python run's, which the settings check would name first
+    checkpoint = damaged(checkpoint, tmp_path, lambda c: (c / SETTINGS_NAME).unlink())
     flags = ["--target", str(tmp_path / "target"), "--train_data", str(KIT_ROWS), "--output_dir", str(tmp_path / "o")]
     flags += [
         "--use_cpu",
@@ -172,3 +176,24 @@ def test_hf_tev_train_refuses_the_checkpoint_before_loading_any_model(checkpoint
     with pytest.raises(SystemExit):
         cli.main([*flags, "--use_cpu", "--report_to", "none", "--resume_from_checkpoint", "last"])
     assert "no checkpoint in" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("change", [{"objective": "dflash"}, {"anchors_per_sequence": 2, "tree_weight": 0.5}])
+def test_a_checkpoint_written_under_other_settings_is_named_before_any_step(change, checkpoint, tmp_path, capsys):
+    """Resumed under another objective, a run's steps would be two trainings under one name: refused naming each
+    setting that differs, from Python and from hf-tev train (before any model loads)."""
+    target = make_target("qwen3")
+    args = training_args(tmp_path / "a", max_steps=4, **change)
+    trainer = ExitTrainer(model=training_drafter(target), target_model=target, args=args, train_dataset=training_rows())
+    first = next(iter(change))
+    message = rf"checkpoint-2 was trained with other settings \({first} .* there, .* here.*\); resume with the settings"
+    with pytest.raises(ValueError, match=message):
+        trainer.train(resume_from_checkpoint=str(checkpoint))
+    assert trainer.state.global_step == 0
+    flags = ["--target", str(kit_path("target")), "--train_data", str(KIT_ROWS), "--output_dir", str(tmp_path / "o")]
+    flags += ["--use_cpu", "--report_to", "none", "--resume_from_checkpoint", str(checkpoint)]
+    flags += [text for key, value in change.items() for text in (f"--{key}", str(value))]
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(flags)
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("hf-tev train: error:")]
+    assert exit_info.value.code == 2 and len(errors) == 1 and "was trained with other settings" in errors[0], errors
