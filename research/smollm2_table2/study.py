@@ -30,7 +30,8 @@ def pooled_tau(records) -> float:
 
 
 def measured_tau(records, drafter: str) -> dict[tuple[int, float], float]:
-    """Pooled tau of `drafter` in Table 2's records, by (budget, temperature): what its card states."""
+    """Pooled tau of `drafter` with TEV in Table 2's records, by (budget, temperature): what its card states."""
+    records = [r for r in records if r.get("verifier", "tev") == "tev"]  # not a Table 4 arm's other verifiers
     cells = sorted({(r["budget"], r["temperature"]) for r in records if r["drafter"] == drafter})
     return {
         cell: round(
