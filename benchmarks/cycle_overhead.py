@@ -3,6 +3,8 @@ revision of hf_tev in the same process.
 
     python benchmarks/cycle_overhead.py --threads 1
     python benchmarks/cycle_overhead.py --threads 1 --baseline cbe0360      # old and new, interleaved
+    python benchmarks/cycle_overhead.py --threads 1 --target HuggingFaceTB/SmolLM2-135M-Instruct \
+        --drafter hf_tev/shipped_drafters/SmolLM2-135M-Instruct-DFlash --budgets auto --lookup off,on
 
 Per cycle (the loop's `decode_cycle`, prefill excluded), three wall times, each measured with `time.perf_counter`
 (no profiler):
@@ -13,6 +15,11 @@ Per cycle (the loop's `decode_cycle`, prefill excluded), three wall times, each 
   LM head on the used depths);
 - own work: cycle - target - drafter: everything hf_tev does around the two forwards (waiting context, block
   inputs, log-softmax, tree building, masks, logits processors, the verifier, the cache commit, bookkeeping).
+
+Beside them, a plain `generate` step of the same target on the same prompt (`(t(N) - t(1)) / (N - 1)` of two plain
+calls of N and 1 new tokens, best of the repeats): what a cycle without a tree should cost (issue "A cycle that
+costs only what it must"). `--target` (a packaged Hub id or a folder) and `--drafter` (a folder) run the real target,
+on chat-templated prompts of MT-Bench and HumanEval; by default the kit's.
 
 Each prompt runs `--repeats` times (old and new interleaved in rotating order with `--baseline`); per prompt the
 smallest value of each quantity is kept, then they are averaged over prompts. The TEVStats stage times (draft,
@@ -38,8 +45,9 @@ import torch
 
 import hf_tev
 import hf_tev.generation.loop as new_loop
+from hf_tev.bench.methods import PROMPT_SETS
 from hf_tev.bench.records import load_average
-from hf_tev.packaged import kit_dir, load_kit_model, load_kit_prompts, load_kit_tokenizer
+from hf_tev.packaged import kit_dir, load_kit_model, load_kit_prompts, load_kit_tokenizer, pretrained_source
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -147,6 +155,27 @@ class Decoder:
         }
 
 
+def models_and_prompts(args):
+    """The target (eval), its tokenizer and the prompt ids: the kit's (held-out and HumanEval completions), or
+    `--target`'s with chat-templated MT-Bench and HumanEval prompts."""
+    if args.target is None:
+        tokenizer = load_kit_tokenizer()
+        texts = load_kit_prompts("heldout", args.prompts) + load_kit_prompts("humaneval", args.prompts)
+        return load_kit_model("target"), tokenizer, [tokenizer(t, return_tensors="pt").input_ids for t in texts]
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    source = pretrained_source(args.target)
+    tokenizer = AutoTokenizer.from_pretrained(source)
+    target = AutoModelForCausalLM.from_pretrained(source, attn_implementation="sdpa").eval()
+    texts = PROMPT_SETS["mt_bench"].load(args.prompts) + PROMPT_SETS["humaneval"].load(args.prompts)
+    prompts = [
+        tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                      return_tensors="pt").input_ids
+        for text in texts
+    ]  # fmt: skip
+    return target, tokenizer, prompts
+
+
 def configs(budgets, temperatures, lookups):
     for lookup in lookups:
         for temperature in temperatures:
@@ -157,9 +186,24 @@ def configs(budgets, temperatures, lookups):
                 yield fields, temperature
 
 
+def plain_step(target, input_ids, temperature, max_new_tokens, repeats) -> float:
+    """Seconds of one plain `generate` step on this prompt: (t(N) - t(1)) / (N - 1), each the best of `repeats`."""
+    sampling = {"do_sample": True, "temperature": temperature, "top_k": 0} if temperature else {"do_sample": False}
+
+    def best(tokens):
+        times = []
+        for _ in range(repeats):
+            started = time.perf_counter()
+            target.generate(input_ids, max_new_tokens=tokens, min_new_tokens=tokens, eos_token_id=None, **sampling)
+            times.append(time.perf_counter() - started)
+        return min(times)
+
+    return (best(max_new_tokens) - best(1)) / (max_new_tokens - 1)
+
+
 def measure(decoders, target, prompts, fields, temperature, args):
     """Per decoder: each quantity's per-prompt minimum over the repeats, averaged over prompts; tau's mean; and
-    whether every decoder gave the same tokens (the first repeat's)."""
+    whether every decoder gave the same tokens (the first repeat's). Also a plain step, averaged over prompts."""
     per = {d.name: [] for d in decoders}
     tokens = {d.name: [] for d in decoders}
     for input_ids in prompts:
@@ -174,8 +218,9 @@ def measure(decoders, target, prompts, fields, temperature, args):
                 kept = best[decoder.name]
                 for key, value in result.items():
                     kept[key] = value if key == "tau" else min(kept.get(key, value), value)
+        step = plain_step(target, input_ids, temperature, args.max_new_tokens, args.repeats)
         for decoder in decoders:
-            per[decoder.name].append(best[decoder.name])
+            per[decoder.name].append({**best[decoder.name], "plain": step})
     means = {name: {key: statistics.mean(p[key] for p in rows) for key in rows[0]} for name, rows in per.items()}
     same = len({str(t) for t in tokens.values()}) == 1
     return means, same
@@ -186,14 +231,16 @@ def row(means) -> str:
     share = 100 * means["own"] / means["cycle"]
     return (
         f"{m['cycle']:7.2f} {m['target']:7.2f} {m['drafter']:7.2f} {m['own']:6.2f} {share:5.1f}% "
-        f"| {m['draft']:5.2f} {m['build']:5.2f} {m['forward']:6.2f} {m['verify']:5.2f} | {means['tau']:4.2f}"
+        f"| {m['draft']:5.2f} {m['build']:5.2f} {m['forward']:6.2f} {m['verify']:5.2f} | {means['tau']:4.2f} "
+        f"| {m['plain']:7.2f} {means['cycle'] / means['plain']:5.3f}"
     )
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--drafter", default="drafter-dflash-l135", help="a kit drafter")
+    parser.add_argument("--target", default=None, help="a packaged Hub id or a folder (default: the kit's target)")
+    parser.add_argument("--drafter", default="drafter-dflash-l135", help="a kit drafter, or a folder with --target")
     parser.add_argument("--prompts", type=int, default=3, help="prompts of each kit set (held-out, HumanEval)")
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--budgets", default="4,16,64,auto")
@@ -204,27 +251,37 @@ def main(argv=None):
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     hf_tev.disable()  # both decoders through transformers' own custom_generate route
-    target = load_kit_model("target")
+    target, tokenizer, prompts = models_and_prompts(args)
     timer = CycleTimer()
     timer.hook_target(target)
     decoders = []
     if args.baseline:
         old_loop, old_kit = load_baseline(args.baseline)
-        decoders.append(Decoder(f"old {args.baseline}", old_loop, old_kit.load_kit_model(args.drafter), timer))
-    decoders.append(Decoder("new", new_loop, load_kit_model(args.drafter), timer))
-    tokenizer = load_kit_tokenizer()
-    texts = load_kit_prompts("heldout", args.prompts) + load_kit_prompts("humaneval", args.prompts)
-    prompts = [tokenizer(text, return_tensors="pt").input_ids for text in texts]
+        old_drafter = (
+            old_kit.load_kit_model(args.drafter)
+            if args.target is None
+            else sys.modules["hf_tev_old"].DFlashDraftModel.from_pretrained(args.drafter).eval()
+        )
+        decoders.append(Decoder(f"old {args.baseline}", old_loop, old_drafter, timer))
+    new_drafter = (
+        load_kit_model(args.drafter)
+        if args.target is None
+        else hf_tev.DFlashDraftModel.from_pretrained(args.drafter).eval()
+    )
+    decoders.append(Decoder("new", new_loop, new_drafter, timer))
     budgets = [b if b == "auto" else int(b) for b in args.budgets.split(",")]
     temperatures = [float(t) for t in args.temperatures.split(",")]
     lookups = [flag == "on" for flag in args.lookup.split(",")]
     load = load_average()  # None where the OS has no load average
     load = "n/a" if load is None else f"{load:.2f}"
     print(
-        f"kit target + {args.drafter}, {len(prompts)} prompts x {args.max_new_tokens} tokens, torch threads "
+        f"{args.target or 'kit target'} + {args.drafter}, {len(prompts)} prompts x {args.max_new_tokens} tokens, "
+        "torch threads "
         f"{torch.get_num_threads()}, best of {args.repeats} per prompt, 1-min load {load} on {os.cpu_count()} cores"
     )
-    print("ms per cycle: cycle target drafter own own% | TEVStats: draft build forward verify | tau")
+    print(
+        "ms per cycle: cycle target drafter own own% | TEVStats: draft build forward verify | tau | plain cycle/plain"
+    )
     with torch.no_grad():
         for fields, temperature in configs(budgets, temperatures, lookups):
             means, same = measure(decoders, target, prompts, fields, temperature, args)
