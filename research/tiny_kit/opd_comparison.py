@@ -4,7 +4,7 @@
         --out research/tiny_kit/ablation/opd
 
 Arms, each `--steps` optimizer steps from `--init` with the same data, batch, learning rate, schedule and seed
-(`train_drafter.py`'s recipe through `hf-tev train`):
+(the kit's Table 2 recipe, `recipes/finetuned.yaml`, through `hf-tev train`):
   standard  objective "dflash" (the standard DFlash objective, "finetuned")
   opd       objective "opd" (Draft-OPD: rollouts by tree decoding refreshed every `--opd-refresh-steps` steps,
             replay at their cycles, plus the standard CE on the same rows)
@@ -39,7 +39,7 @@ from hf_tev.training import cli
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import paths  # noqa: E402
-import train_drafter  # noqa: E402  (the kit's recipe: flags -> hf-tev train arguments)
+import train_drafter  # noqa: E402  (the kit's recipes and their runner)
 
 ARMS = {  # arm -> (objective, the arm it starts from; None: --init)
     "standard": ("dflash", None),
@@ -50,22 +50,33 @@ ARMS = {  # arm -> (objective, the arm it starts from; None: --init)
 }
 
 
-def train_arm(arm: str, args, init: str) -> dict:
+def arm_command(arm: str, args, init: str) -> list[str]:
+    """The `hf-tev train` arguments of an arm, run from the repository root: the kit's Table 2 recipe of the standard
+    arm (`recipes/finetuned.yaml`: the target, the tree and schedule settings, the card) with this comparison's
+    drafter, data, objective, steps, batch, anchors, tree budget, threads and seed, and a log line every step."""
     objective = ARMS[arm][0]
-    out = Path(args.work) / arm.replace("+", "_")
-    recipe = ["--init", init, "--objective", "exit" if objective == "opd" else objective, "--out", str(out)]
-    recipe += ["--data", args.data, "--max-steps", str(args.steps), "--learning-rate", str(args.learning_rate)]
-    recipe += ["--batch-size", str(args.batch_size), "--anchors", str(args.anchors)]
-    recipe += ["--tree-budget", str(args.tree_budget), "--threads", str(args.threads), "--seed", str(args.seed)]
-    argv = train_drafter.train_command(train_drafter.parse_args(recipe), init)
-    argv[argv.index("--logging_steps") + 1] = "1"
+    out = Path(args.work).resolve() / arm.replace("+", "_")
+    files = [str(Path(f).resolve()) for f in args.data.split(",")]
+    overrides = ["--objective", objective, "--tree_weight", "0.0" if objective == "dflash" else "0.1"]
+    overrides += ["--output_dir", str(out), "--train_data", *files]
+    overrides += ["--dataset_description", train_drafter.dataset_description(files)]
+    overrides += ["--max_steps", str(args.steps), "--warmup_steps", str(min(100, args.steps // 10))]
+    overrides += ["--learning_rate", str(args.learning_rate), "--per_device_train_batch_size", str(args.batch_size)]
+    overrides += ["--anchors_per_sequence", str(args.anchors), "--tree_budget", str(args.tree_budget)]
+    overrides += ["--threads", str(args.threads), "--seed", str(args.seed), "--logging_steps", "1"]
     if objective == "opd":
-        argv[argv.index("--objective") + 1] = "opd"
-        argv += ["--opd_refresh_steps", str(args.opd_refresh_steps)]
-        argv += ["--opd_rollout_temperature", str(args.opd_rollout_temperature)]
-        argv += ["--opd_rollout_max_new_tokens", str(args.opd_rollout_max_new_tokens)]
+        overrides += ["--opd_refresh_steps", str(args.opd_refresh_steps)]
+        overrides += ["--opd_rollout_temperature", str(args.opd_rollout_temperature)]
+        overrides += ["--opd_rollout_max_new_tokens", str(args.opd_rollout_max_new_tokens)]
+    return train_drafter.train_command("finetuned", Path(init).resolve(), overrides)
+
+
+def train_arm(arm: str, args, init: str) -> dict:
+    out = Path(args.work).resolve() / arm.replace("+", "_")
+    argv = arm_command(arm, args, init)
     start = time.time()
-    trainer = cli.run(*cli.parse_args(argv))
+    with train_drafter.in_repo():  # the recipe's paths are relative to the repository root
+        trainer = cli.run(*cli.parse_args(argv))
     (out / "training_args.bin").unlink(missing_ok=True)
     log = {
         "arm": arm,
@@ -168,7 +179,7 @@ def summarize(records: list[dict], logs: dict, args) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(argv=None):
+def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--init", default="drafter-dflash-l135", help="kit or study drafter name, or folder")
     parser.add_argument(
@@ -194,7 +205,11 @@ def main(argv=None):
     parser.add_argument("--work", default=str(Path("/tmp") / "hf_tev_opd_comparison"), help="trained drafters")
     parser.add_argument("--out", default=str(paths.HERE / "ablation" / "opd"))
     parser.add_argument("--skip-train", action="store_true", help="reuse the drafters in --work")
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def main(argv=None):
+    args = parse_args(argv)
     torch.set_num_threads(args.threads)
     Path(args.out).mkdir(parents=True, exist_ok=True)
     init = str(paths.model_path(args.init))

@@ -1,10 +1,13 @@
 """The example training recipes (`examples/recipes/`): the kit's runs as shipped (shortened by flags) and prints no
 warning twice; the Qwen3-4B one parses into the settings it documents. The SmolLM2 Table 2 study's stage recipes
-(`research/smollm2_table2/recipes/`), with what its runner adds, parse into the settings its README states. Plus: no
-pinned-memory warning on a CPU."""
+(`research/smollm2_table2/recipes/`), with what its runner adds, parse into the settings its README states. The tiny
+kit's recipes (`research/tiny_kit/recipes/`) parse into exactly the settings the kit's earlier flag script gave its
+recorded runs, and `opd_comparison.py`'s arms, built on one of them, into the settings they had. Plus: no pinned-memory
+warning on a CPU."""
 
 import dataclasses
 import importlib
+import json
 import subprocess
 import sys
 import warnings
@@ -17,6 +20,7 @@ from helpers import make_target, training_args, training_drafter, training_rows
 REPO = Path(__file__).resolve().parents[2]
 RECIPES = REPO / "examples" / "recipes"
 TABLE2 = REPO / "research" / "smollm2_table2"
+KIT = REPO / "research" / "tiny_kit"
 
 
 def repeated_warnings(stderr: str) -> list[str]:
@@ -120,6 +124,144 @@ def test_the_smollm2_table2_stages_parse_into_the_settings_its_readme_states(tmp
         "research/smollm2_table2/runs/init",
         "research/smollm2_table2/runs/exit",
     )
+
+
+# The tiny kit's recorded runs: stage -> its trainlog, whose "args" are the flags of train_drafter.py at the time
+KIT_RUNS = {
+    "dflash-stage1": "tiny_kit/hf_tev_tiny_kit/drafter-dflash/trainlog_stage1.json",
+    "dflash": "tiny_kit/hf_tev_tiny_kit/drafter-dflash/trainlog.json",
+    "finetuned": "research/tiny_kit/drafters/drafter-finetuned/trainlog.json",
+    "prefix": "research/tiny_kit/drafters/drafter-prefix/trainlog.json",
+    "exittrain": "research/tiny_kit/drafters/drafter-exittrain/trainlog.json",
+    "dflash-l135": "tiny_kit/hf_tev_tiny_kit/drafter-dflash-l135/trainlog.json",
+}
+# What the recorded prefix / exit runs had that their trainlogs do not list: hf_tev's objective before 0.1.0
+BEFORE_0_1_0 = {"ce_decay": "yes", "tree_normalization": "weight_sum", "tree_anchors": "all"}
+
+
+def kit_flag_argv(recorded: dict, files: list, drafter, out: str) -> list[str]:
+    """The `hf-tev train` arguments the kit's train_drafter.py built from its flags before the recipes (its
+    `train_command`, kept here as the reference) for the flag values `recorded`, with the rows files `files`, the
+    drafter to start from `drafter` (None: a fresh one) and the output folder `out`."""
+    flags = dict(ce_decay="auto", gamma=7.0, tree_normalization="nodes", tree_anchors="full_horizon")
+    flags |= dict(tree_context_window=None, target_layers=None, max_rows=None) | recorded
+    argv = ["--target", str(REPO / "tiny_kit/hf_tev_tiny_kit/target"), "--attn_implementation", "sdpa"]
+    argv += ["--train_data", *map(str, files)]
+    argv += ["--max_train_rows", str(flags["max_rows"])] if flags["max_rows"] else []
+    if drafter is not None:
+        argv += ["--drafter", str(drafter)]
+    else:
+        argv += ["--num_draft_layers", str(flags["num_layers"]), "--block_size", str(flags["block_size"])]
+        argv += ["--target_layer_ids", *flags["target_layers"].split(",")] if flags["target_layers"] else []
+    argv += [
+        "--output_dir", out,
+        "--objective", flags["objective"],
+        "--tree_budget", str(flags["tree_budget"]),
+        "--ce_weight", "1.0",
+        "--tree_weight", str(flags["tree_weight"] if flags["objective"] != "dflash" else 0.0),
+        "--anchors_per_sequence", str(flags["anchors"]),
+        "--gamma", str(flags["gamma"]),
+        "--tree_normalization", flags["tree_normalization"],
+        "--tree_anchors", flags["tree_anchors"],
+        "--learning_rate", str(flags["learning_rate"]),
+        "--max_steps", str(flags["max_steps"]),
+        "--per_device_train_batch_size", str(flags["batch_size"]),
+        "--warmup_steps", str(min(100, flags["max_steps"] // 10)),
+        "--lr_scheduler_type", "cosine",
+        "--weight_decay", "0.0",
+        "--logging_steps", "20",
+        "--save_strategy", "no",
+        "--report_to", "none",
+        "--use_cpu",
+        "--dataloader_num_workers", "0",
+        "--seed", str(flags["seed"]),
+        "--disable_tqdm", "true",
+        "--threads", str(flags["threads"]),
+        "--card_target_name", "tiny-code-target (examples/tiny_kit/target)",
+        "--dataset_description",
+        "Training-split prompts of the tiny kit's Python corpus with continuations written by the target "
+        "(`research/tiny_kit/generate_data.py`: sampled at T=1 in `train_generated.jsonl`, greedy in "
+        "`train_generated_greedy.jsonl`), from " + ", ".join(f"`{Path(p).name}`" for p in files) + ".",
+    ]  # fmt: skip
+    if flags["ce_decay"] != "auto":
+        argv += ["--ce_decay", "true" if flags["ce_decay"] == "yes" else "false"]
+    if flags["tree_context_window"] is not None:
+        argv += ["--tree_context_window", str(flags["tree_context_window"])]
+    return argv
+
+
+def settings(parsed) -> dict:
+    """Every field of parsed `(script arguments, training arguments)`, the paths resolved from the repository root."""
+    values = {}
+    for arguments in parsed:
+        for field in dataclasses.fields(arguments):
+            value = getattr(arguments, field.name)
+            if field.name in ("target", "drafter", "output_dir") and value is not None:
+                value = (REPO / value).resolve()
+            elif field.name == "train_data":
+                value = [(REPO / path).resolve() for path in value]
+            values[f"{type(arguments).__name__}.{field.name}"] = value
+    return values
+
+
+def test_the_tiny_kit_recipes_parse_into_the_settings_of_their_recorded_runs(monkeypatch):
+    from hf_tev.training.cli import parse_args
+
+    monkeypatch.syspath_prepend(str(KIT))  # the kit's scripts import their `paths` module
+    monkeypatch.chdir(REPO)  # the runner runs hf-tev train from the repository root: the recipes' paths are from it
+    runner = importlib.import_module("train_drafter")
+    assert set(runner.STAGES) == set(KIT_RUNS) == {path.stem for path in (KIT / "recipes").glob("*.yaml")}
+    for stage, trainlog in KIT_RUNS.items():
+        recorded = json.loads((REPO / trainlog).read_text())["args"]
+        if recorded["objective"] != "dflash":
+            recorded |= BEFORE_0_1_0
+        args, overrides = runner.parse_args([stage])
+        command = runner.train_command(args.recipe, args.init, overrides)
+        assert command == [f"research/tiny_kit/recipes/{stage}.yaml"]
+        script, training = parse_args(command)
+        assert training.output_dir == f"research/tiny_kit/build/drafter-{stage}"
+        # The recorded files in today's places (the kit was in examples/tiny_kit; stage 1 was written to /tmp)
+        files = [runner.paths.data_file(Path(path).name) for path in recorded["data"].split(",")]
+        init = recorded["init"] and Path(recorded["init"]).name
+        drafter = KIT / "build" / init if init == "drafter-dflash-stage1" else init and runner.paths.model_path(init)
+        before = parse_args(kit_flag_argv(recorded, files, drafter, training.output_dir))
+        assert settings((script, training)) == settings(before), stage
+        # The widening a recipe cannot hold: the runner's, as recorded (the drafter read layer 3 only before)
+        assert args.target_layers == recorded.get("target_layers")
+    for stage in ("finetuned", "prefix", "exittrain"):  # Table 2: the arms differ in the objective and its tree term
+        script, training = parse_args(runner.train_command(stage))
+        assert (script.drafter, training.max_steps, training.learning_rate) == (
+            "tiny_kit/hf_tev_tiny_kit/drafter-dflash",
+            400,
+            3e-4,
+        )
+    args, overrides = runner.parse_args(["exittrain", "--init", "drafter-dflash-l135", "--max_steps", "300"])
+    script, training = parse_args(runner.train_command(args.recipe, runner.paths.model_path(args.init), overrides))
+    assert (script.drafter, training.max_steps) == ("tiny_kit/hf_tev_tiny_kit/drafter-dflash-l135", 300)
+
+
+def test_the_kit_opd_comparison_arms_keep_their_settings_on_the_recipe(monkeypatch, tmp_path):
+    """opd_comparison.py's arms are the standard arm's recipe with the comparison's settings: what the earlier flag
+    script gave them (the recorded arms: `ablation/opd*/trainlog_*.json`)."""
+    from hf_tev.training.cli import parse_args
+
+    monkeypatch.syspath_prepend(str(KIT))
+    monkeypatch.chdir(REPO)
+    comparison = importlib.import_module("opd_comparison")
+    args = comparison.parse_args(["--work", str(tmp_path), "--steps", "80"])
+    files = args.data.split(",")
+    init = str(comparison.paths.model_path(args.init))
+    for arm, (objective, _) in comparison.ARMS.items():
+        parsed = parse_args(comparison.arm_command(arm, args, init))
+        flags = dict(objective="exit" if objective == "opd" else objective, max_steps=80, learning_rate=3e-4)
+        flags |= dict(batch_size=8, anchors=8, tree_budget=32, tree_weight=0.1, threads=1, seed=0)
+        before = kit_flag_argv(flags, files, init, str(tmp_path / arm.replace("+", "_")))
+        before[before.index("--logging_steps") + 1] = "1"
+        if objective == "opd":
+            before[before.index("--objective") + 1] = "opd"
+            before += ["--opd_refresh_steps", "4", "--opd_rollout_temperature", "1.0"]
+            before += ["--opd_rollout_max_new_tokens", "64"]
+        assert settings(parsed) == settings(parse_args(before)), arm
 
 
 def test_no_pinned_memory_without_an_accelerator_and_no_warning_when_training_and_evaluating(tmp_path):

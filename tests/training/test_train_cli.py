@@ -1,10 +1,11 @@
 """`hf-tev train` / `python -m hf_tev.train` end to end on the tiny kit in subprocesses (a YAML config, rows with a
 feature cache, torchrun with 2 CPU processes), its parsing, the offline push that fails before writing anything,
-and the kit's `train_drafter.py` as a thin call of it that keeps the recorded recipe."""
+and the kit's `train_drafter.py` as a thin runner of it over the recorded recipes."""
 
 import importlib.util
 import json
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -174,7 +175,7 @@ def test_hf_tev_train_push_offline_is_one_line_on_stderr(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------
-# The kit's train_drafter.py: a thin call of hf-tev train with the recorded recipe
+# The kit's train_drafter.py: a thin runner of hf-tev train over the recorded recipes (research/tiny_kit/recipes/)
 
 
 def kit_script():
@@ -185,17 +186,25 @@ def kit_script():
     return module
 
 
-@pytest.mark.parametrize("name", ["drafter-exittrain", "drafter-prefix", "drafter-finetuned", "drafter-dflash-l135"])
-def test_the_kit_recipe_keeps_its_meaning(name, tmp_path):
+@pytest.mark.parametrize(
+    "name", ["drafter-dflash", "drafter-exittrain", "drafter-prefix", "drafter-finetuned", "drafter-dflash-l135"]
+)
+def test_the_kit_recipe_keeps_its_meaning(name, monkeypatch):
+    """The recorded drafter's recipe, run as the runner runs it (from the repository root), trains what its
+    trainlog records; tests/training/test_recipes.py checks every setting against the earlier flag script."""
     script = kit_script()
+    monkeypatch.chdir(REPO_ROOT)
     folder = kit_path(name) if name in KIT_MODELS else KIT_STUDY_DRAFTERS / name
     recorded = json.loads((folder / "trainlog.json").read_text())["args"]
-    args = script.parse_args(["--objective", recorded["objective"], "--out", str(tmp_path), "--max-steps", "1"])
-    vars(args).update(recorded)
-    drafter = recorded["init"]
-    script_args, training = cli.parse_args(script.train_command(args, drafter))
-    assert script_args.drafter == drafter and script_args.train_data == recorded["data"].split(",")
-    assert script_args.card_target_name == script.CARD_TARGET and script_args.target_layer_ids is None
+    args, overrides = script.parse_args([name.removeprefix("drafter-")])
+    command = script.train_command(args.recipe, args.init, overrides)
+    assert command == [f"research/tiny_kit/recipes/{name.removeprefix('drafter-')}.yaml"]
+    script_args, training = cli.parse_args(command)
+    assert Path(script_args.drafter).name == Path(recorded["init"]).name  # the kit was in examples/tiny_kit
+    assert [Path(f).name for f in script_args.train_data] == [Path(f).name for f in recorded["data"].split(",")]
+    assert all((REPO_ROOT / f).is_file() for f in script_args.train_data)
+    assert script_args.card_target_name == "tiny-code-target (examples/tiny_kit/target)"
+    assert script_args.target_layer_ids is None and args.target_layers == recorded.get("target_layers")
     assert (training.objective, training.max_steps, training.learning_rate) == (
         recorded["objective"],
         recorded["max_steps"],
@@ -207,35 +216,35 @@ def test_the_kit_recipe_keeps_its_meaning(name, tmp_path):
         recorded["tree_budget"],
     )
     assert training.tree_weight == (0.0 if recorded["objective"] == "dflash" else recorded["tree_weight"])
-    assert (training.ce_weight, training.ce_decay, training.tree_normalization, training.tree_anchors) == (
-        1.0,
-        None,
-        "nodes",
-        "full_horizon",
-    )
+    # the recorded tree objectives ran before hf_tev 0.1.0: CE decayed, tree loss over its weight sum, every anchor
+    before_0_1_0 = (True, "weight_sum", "all") if recorded["objective"] != "dflash" else (None, "nodes", "full_horizon")
+    assert (training.ce_decay, training.tree_normalization, training.tree_anchors) == before_0_1_0
+    assert training.ce_weight == 1.0 and training.gamma == 7.0 and training.tree_context_window is None
     assert training.warmup_steps == min(100, recorded["max_steps"] // 10) and training.weight_decay == 0.0
     assert training.lr_scheduler_type == "cosine" and training.logging_steps == 20 and training.seed == 0
     assert training.use_cpu and training.report_to == [] and training.save_strategy == "no"
-    earlier = script.parse_args(
-        ["--objective", "exit", "--out", "x", "--max-steps", "1", "--ce-decay", "yes"]
-        + ["--tree-normalization", "weight_sum", "--tree-anchors", "all", "--tree-context-window", "64"]
-    )
-    _, training = cli.parse_args(script.train_command(earlier, None))
-    assert (training.ce_decay, training.tree_normalization, training.tree_anchors) == (True, "weight_sum", "all")
-    assert training.tree_context_window == 64
+    assert script_args.threads == recorded["threads"]
+    # --init names the drafter to start from and other arguments override the recipe, after it
+    args, overrides = script.parse_args(["exittrain", "--init", "drafter-dflash-l135", "--ce_decay", "false"])
+    command = script.train_command(args.recipe, script.paths.model_path(args.init), overrides)
+    assert command[1:] == ["--drafter", "tiny_kit/hf_tev_tiny_kit/drafter-dflash-l135", "--ce_decay", "false"]
+    script_args, training = cli.parse_args(command)
+    assert script_args.drafter == "tiny_kit/hf_tev_tiny_kit/drafter-dflash-l135" and training.ce_decay is False
 
 
 def test_the_kit_script_widens_and_trains_through_the_command(tmp_path):
     out = tmp_path / "drafter"
     torch.set_num_threads(1)
-    kit_script().main(
-        ["--init", str(kit_path("drafter-dflash")), "--objective", "dflash", "--out", str(out), "--max-steps", "1"]
-        + ["--max-rows", "2", "--batch-size", "2", "--anchors", "4", "--target-layers", "1,3,5"]
+    kit_script().main(  # the dflash-l135 stage (widened to layers 1, 3, 5), from drafter-dflash, for one short step
+        ["dflash-l135", "--init", str(kit_path("drafter-dflash")), "--output_dir", str(out), "--max_steps", "1"]
+        + ["--max_train_rows", "2", "--per_device_train_batch_size", "2", "--anchors_per_sequence", "4"]
     )
     trained = DFlashDraftModel.from_pretrained(out)
     assert trained.config.target_layer_ids == [1, 3, 5]
     log = json.loads((out / "trainlog.json").read_text())
-    assert log["rows"] == 2 and log["command"].startswith("hf-tev train --target") and log["seconds"] > 0
+    assert log["rows"] == 2 and log["seconds"] > 0 and log["args"]["target_layers"] == "1,3,5"
+    assert log["command"].startswith("hf-tev train research/tiny_kit/recipes/dflash-l135.yaml --drafter ")
+    assert "drafter-dflash-widened" in log["command"]
     assert not (out / "training_args.bin").exists()
     assert "tiny-code-target (examples/tiny_kit/target)" in (out / "README.md").read_text()
 
