@@ -539,25 +539,32 @@ def kit_prompt_ids(tokenizer, prompts: int, device) -> list[torch.Tensor]:
 
 @torch.no_grad()
 def kit_greedy_exact(device, prompts: int, max_new_tokens: int) -> dict:
-    """Greedy output of every verifier (at T = 0 each is the argmax walk; each must say so) and budget, and of a
-    left-padded batch, against the kit target's own greedy `generate` of each prompt alone."""
+    """Greedy output of distinct settings, and of a left-padded batch, against the kit target's own greedy
+    `generate` of each prompt alone (with the same processors). At T = 0 every verifier is the same argmax walk, so
+    the runs differ by what changes the cycle instead: the budget (automatic, 8, 64), context drafts off, and a
+    logits processor (a repetition penalty) that the tree's verification must apply per node."""
     from hf_tev import TEVConfig
     from hf_tev.packaged import load_kit_model, load_kit_tokenizer
 
     target, drafter = load_kit_model("target", device=device), load_kit_model("drafter-dflash-l135", device=device)
     tokenizer = load_kit_tokenizer()
     fixed = dict(do_sample=False, max_new_tokens=max_new_tokens, eos_token_id=None, pad_token_id=0)
-    settings = [("auto", "tev"), (8, "tev")] + [(64, verifier) for verifier in VERIFIERS]
+    settings = {
+        "auto/tev": ({"budget": "auto"}, {}),
+        "8/tev": ({"budget": 8}, {}),
+        "64/tev": ({"budget": 64}, {}),
+        "64/tev/lookup_off": ({"budget": 64, "lookup": False}, {}),
+        "64/tev/repetition_penalty": ({"budget": 64}, {"repetition_penalty": 1.3}),
+    }
     results, alone = {}, []
     for ids in kit_prompt_ids(tokenizer, prompts, device):
-        expected = target.generate(ids, **fixed)
-        alone.append(expected[0])
-        for budget, verifier in settings:
-            out = target.generate(
-                ids, assistant_model=drafter, tev_config=TEVConfig(budget=budget, verifier=verifier), **fixed
-            )
-            key = f"{budget}/{verifier}"
-            results[key] = results.get(key, True) and torch.equal(out, expected)
+        expected = {}
+        for key, (config, processors) in settings.items():
+            if str(processors) not in expected:
+                expected[str(processors)] = target.generate(ids, **fixed, **processors)
+            out = target.generate(ids, assistant_model=drafter, tev_config=TEVConfig(**config), **fixed, **processors)
+            results[key] = results.get(key, True) and torch.equal(out, expected[str(processors)])
+        alone.append(expected["{}"][0])
     results["batch"] = kit_batch_exact(target, drafter, [row[: len(row) - max_new_tokens] for row in alone], alone)
     return {"all_equal": all(results.values()), "by_setting": results}
 

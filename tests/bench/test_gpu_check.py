@@ -53,7 +53,8 @@ def test_gpu_check_runs_its_whole_plan_on_cpu_at_tiny_sizes(gpu_check, tmp_path)
 
     exact = report["exactness"]
     assert exact["all_exact"], exact
-    assert set(exact["greedy"]["by_setting"]) == {"auto/tev", "8/tev", "64/tev", "64/predraw", "64/residual", "batch"}
+    greedy_runs = {"auto/tev", "8/tev", "64/tev", "64/tev/lookup_off", "64/tev/repetition_penalty", "batch"}
+    assert set(exact["greedy"]["by_setting"]) == greedy_runs  # distinct runs: at T = 0 every verifier is one walk
     assert set(exact["sampling_t1"]["pvalues"]) == {"tev", "predraw", "residual", "batch"}
     assert exact["sampling_t1"]["has_power"] and exact["sampling_t1"]["draws"] == 4 * 120
 
