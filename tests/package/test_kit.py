@@ -138,15 +138,16 @@ def test_the_kit_is_found_through_its_installed_package(monkeypatch):
 
 
 def test_the_library_builds_no_path_into_a_checkout():
-    """No module of hf_tev climbs out of its own package folder or names the checkout's example folders: what a wheel
-    user gets must not depend on files beside the package."""
+    """No module of hf_tev climbs out of its own package folder or names the checkout's example, research or benchmark
+    folders: what a wheel user gets must not depend on files beside the package."""
     from pathlib import Path
 
     package = Path(hf_tev.__file__).resolve().parent
     offenders = []
     for module in package.rglob("*.py"):
         code = "\n".join(line.split("#")[0] for line in module.read_text().splitlines())
-        if ".parent.parent" in code or "examples/" in code or '"examples"' in code:
+        checkout = (".parent.parent", "__file__).parents", "examples/", '"examples"', '"research"', '"benchmarks"')
+        if any(pattern in code for pattern in checkout):
             offenders.append(str(module.relative_to(package)))
     assert offenders == []
 
