@@ -167,3 +167,24 @@ def test_a_static_commit_is_one_shape_every_cycle(target, monkeypatch):
     moved = [(shape, length) for shape, is_prefix, length in commits if not is_prefix]
     assert len(moved) >= 2 and {shape for shape, _ in moved} == {(9,)}  # budget 8 + the root
     assert all(length < 9 for _, length in moved)  # the copy is the pass's width, longer than the path
+
+
+def test_the_static_tree_pass_inputs_are_one_set_of_buffers_of_one_shape(target):
+    """Every tree pass of a static call gets the same token, position and full-width mask buffers (written in place),
+    of one shape: the budget's padded nodes by the static cache's length."""
+    expected = greedy(target, PROMPT, max_new_tokens=30)
+    drafter = with_oracle(make_drafter(target), expected)
+    seen = []
+
+    def record(module, args, kwargs):
+        if kwargs["input_ids"].shape[1] == 9:  # the tree passes (budget 8 + the root), not the prefill
+            mask = kwargs["attention_mask"]
+            seen.append((kwargs["input_ids"].data_ptr(), mask.data_ptr(), tuple(mask.shape)))
+
+    hook = target.register_forward_pre_hook(record, with_kwargs=True)
+    try:
+        out = static_generate(target, drafter, max_new_tokens=30, tev_config=TEVConfig(budget=8, lookup=False))
+    finally:
+        hook.remove()
+    assert torch.equal(out.sequences, expected) and len(seen) == out.tev_stats.num_cycles >= 5
+    assert len(set(seen)) == 1 and seen[0][2][-1] == out.cache.get_max_length()
