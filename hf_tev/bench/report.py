@@ -461,7 +461,7 @@ def write_report(document: dict, output: str | Path) -> dict[str, Path]:
     try:
         plot_report(document, paths["plot"])
     except ImportError:
-        logger.warning("matplotlib is not installed (pip install 'hf_tev[bench]'): no plot written")
+        logger.warning("matplotlib is not installed (pip install matplotlib): no plot written")
         del paths["plot"]
     return paths
 
