@@ -75,7 +75,8 @@ def write_card(run: Path, records: list[dict], drafter: str, recipe: Path, folde
         objective=args.objective,
         block_size=config["block_size"],
         target_layer_ids=config["dflash_config"]["target_layer_ids"],
-        model_name=f"SmolLM2-135M-Instruct-DFlash-b{config['block_size']}-l{config['num_hidden_layers']}",
+        model_name=f"SmolLM2-135M-Instruct-DFlash-b{config['block_size']}-l{config['num_hidden_layers']}"
+        + (f"-ft-{folder.name}" if arm else ""),
         num_draft_layers=config["num_hidden_layers"],
         mask_token_id=config["dflash_config"]["mask_token_id"],
         init_from=(
