@@ -83,6 +83,7 @@ def record_key(record):
     return record["method"], record["drafter"], record["budget"]
 
 
+@pytest.mark.slow
 def test_every_method_tiny_run_writes_json_table_and_plot(tiny_run, kit_drafter):
     out = tiny_run
     document = json.loads((out / "bench.json").read_text())
@@ -202,6 +203,7 @@ def test_report_command_re_renders_a_stored_run_without_running(tiny_run, tmp_pa
     assert exit_info.value.code == 2 and "is not a bench.json" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_ddtree_and_tev_agree_greedy_and_tau_matches_coverage_when_sampling(kit_drafter):
     config = BenchConfig(
         methods=["ddtree", "tev"],

@@ -22,6 +22,7 @@ def gpu_check():
     return module
 
 
+@pytest.mark.slow
 def test_gpu_check_runs_its_whole_plan_on_cpu_at_tiny_sizes(gpu_check, tmp_path):
     output = tmp_path / "gpu_check.json"
     report = gpu_check.main([*TINY, "--output", str(output)])

@@ -215,6 +215,7 @@ def test_bad_opd_knobs_are_refused(tmp_path):
             opd_args(tmp_path, **bad)
 
 
+@pytest.mark.slow
 def test_hf_tev_train_objective_opd(tmp_path):
     out = tmp_path / "drafter"
     command = [sys.executable, "-m", "hf_tev.train", "--target", str(kit_path("target"))]
@@ -255,6 +256,7 @@ with open(f"{out}/rank{args.process_index}.json", "w") as f:
 """
 
 
+@pytest.mark.slow
 def test_two_process_ddp_rollouts_differ_and_replicas_stay_in_sync(tmp_path):
     ranks, _ = run_two_processes(DDP_SCRIPT, tmp_path)
     assert all(r["wrapped"] == "DistributedDataParallel" for r in ranks)

@@ -13,6 +13,7 @@ import sys
 import warnings
 from pathlib import Path
 
+import pytest
 import torch
 import yaml
 from helpers import make_target, training_args, training_drafter, training_rows
@@ -29,6 +30,7 @@ def repeated_warnings(stderr: str) -> list[str]:
     return sorted({line for line in lines if lines.count(line) > 1})
 
 
+@pytest.mark.slow
 def test_the_kit_recipe_trains_as_shipped_and_prints_no_warning_twice(tmp_path):
     recipe = yaml.safe_load((RECIPES / "exit_kit.yaml").read_text())
     for key in ("target", "drafter"):

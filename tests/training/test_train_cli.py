@@ -26,6 +26,7 @@ from hf_tev.packaged import KIT_MODELS, kit_path
 from hf_tev.training import cli
 
 
+@pytest.mark.slow
 def test_hf_tev_train_from_prompts_with_a_yaml_config(tmp_path):
     out = tmp_path / "drafter"
     config = tmp_path / "recipe.yaml"
@@ -65,6 +66,7 @@ def test_hf_tev_train_from_prompts_with_a_yaml_config(tmp_path):
     assert "4 prompts of" in card.text and "Evaluated on 2 held-out rows" in card.text
 
 
+@pytest.mark.slow
 def test_python_m_hf_tev_train_from_rows_with_a_feature_cache(tmp_path):
     out, cache = tmp_path / "drafter", tmp_path / "cache"
     init = kit_path("drafter-dflash")
@@ -81,6 +83,7 @@ def test_python_m_hf_tev_train_from_rows_with_a_feature_cache(tmp_path):
     assert "4 target-written rows from `train_generated.jsonl`" in (out / "README.md").read_text()
 
 
+@pytest.mark.slow
 def test_torchrun_two_processes_generate_once_and_train(tmp_path):
     out = tmp_path / "drafter"
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]

@@ -642,6 +642,7 @@ trainer.save_model()
 """
 
 
+@pytest.mark.slow
 def test_two_process_ddp_on_cpu(tmp_path):
     ranks, out = run_two_processes(DDP_SCRIPT, tmp_path)
     assert all(r["world_size"] == 2 and r["wrapped"] == "DistributedDataParallel" for r in ranks)
