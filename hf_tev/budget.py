@@ -193,9 +193,8 @@ class CycleCost:
         probed for; else none."""
         if not self.probed:
             return ProbePlan(probe_sizes(1, limit), limit, extend=False)
-        stale = self.stale_sizes or ([size for size in self.probe_sizes if size > 1] if self.needs_probe else [])
-        if stale or self.needs_probe:
-            return ProbePlan([1, *stale[:1]], self.probe_limit, extend=False, refresh=True)
+        if self.stale_sizes or self.needs_probe:
+            return ProbePlan([1, *self._sizes_to_refresh()[:1]], self.probe_limit, extend=False, refresh=True)
         if self.probe_stopped or limit <= self.probe_limit:
             return ProbePlan([], limit, extend=False)
         return ProbePlan([1, *probe_sizes(self.probe_limit + 1, limit)], limit, extend=True)
@@ -218,15 +217,19 @@ class CycleCost:
         self.probe_sizes, self.probe_times = self.probe_sizes + list(sizes[1:]), times
         self.probe_limit, self.probe_stopped = plan.limit, stopped
 
+    def _sizes_to_refresh(self) -> list[int]:
+        """The probed sizes past the one-token anchor still to measure again: the rest of a refresh under way, or
+        all of them when the probe has just gone stale."""
+        return self.stale_sizes or [size for size in self.probe_sizes if size > 1]
+
     def _refresh(self, sizes: list[int], seconds: list[float], stopped: bool) -> None:
         ratio = seconds[0] / max(self.probe_times[0], 1e-12)
         times = [t * ratio for t in self.probe_times]
         times[0] = seconds[0]
         for size, took in zip(sizes[1:], seconds[1:], strict=True):
             times[self.probe_sizes.index(size)] = took
-        stale = self.stale_sizes or [size for size in self.probe_sizes if size > 1]
         # a size that cost too much for any tree to pay (`stopped`) leaves the rest of the refresh to the scale
-        self.stale_sizes = [] if stopped else stale[1:]
+        self.stale_sizes = [] if stopped else self._sizes_to_refresh()[1:]
         self.probe_times = isotonic(times, [1.0] * len(times))
         self.tree_scale, self.passes_since_probe = 1.0, 0
 
