@@ -46,7 +46,11 @@ def target():
 # The batched forwards equal plain ones
 
 
-def test_shared_block_forward_equals_one_draft_per_anchor(target):
+@pytest.mark.parametrize("softcap", [None, 0.5])
+def test_shared_block_forward_equals_one_draft_per_anchor(softcap, target):
+    # softcap: a target that soft-caps its final logits (Gemma's final_logit_softcapping, read from the config):
+    # training scores the capped logits the drafter drafts with
+    target.config.final_logit_softcapping = softcap
     drafter = training_drafter(target)
     input_ids = torch.randint(3, 96, (2, 14), generator=torch.Generator().manual_seed(3))
     anchors = torch.tensor([[2, 5, 11], [0, 7, 9]])
@@ -66,6 +70,8 @@ def test_shared_block_forward_equals_one_draft_per_anchor(target):
                 positions = torch.arange(a + TRAINING_BLOCK_SIZE)[None]
                 alone = drafter.draft_logits(target, context, block, positions)  # [1, D, V]
                 torch.testing.assert_close(shared[b, slot], alone[0], rtol=1e-4, atol=1e-4)
+    if softcap:
+        assert shared.abs().max() <= softcap
 
 
 @pytest.mark.parametrize("window", [None, 3])

@@ -308,9 +308,6 @@ class DFlashDraftModel(DraftVocabularyMixin, PreTrainedModel):
         if cache is not None:
             cache.crop(-block_ids.shape[1])  # a view: only context K/V remain, no copy
         logits = self.head_logits(target, block_rows)[:, :depths]  # the head on >= MATMUL_ROWS rows (above)
-        cap = getattr(target.config.get_text_config(), "final_logit_softcapping", None)
-        if cap:  # the target's own final soft-capping (Gemma), as its logits and the drafter's training have it
-            logits = torch.tanh(logits / cap) * cap
         if self.draft_vocab is not None:
             logits = to_target_vocab(logits, self.draft_vocab.to(logits.device), self.config.vocab_size)
         return logits

@@ -126,13 +126,18 @@ class DraftVocabularyMixin:
 
     def head_logits(self, target, hidden: torch.Tensor) -> torch.Tensor:
         """The target's LM head on final-normed block rows `[..., H]`: logits over the draft vocabulary
-        (`[..., draft_vocab_size]`, in `draft_vocab` order) or over the whole target vocabulary."""
+        (`[..., draft_vocab_size]`, in `draft_vocab` order) or over the whole target vocabulary, soft-capped as
+        the target caps its own (Gemma's `final_logit_softcapping`). Drafting and training both score here, so
+        the drafter learns the very logits it drafts with."""
         head = target.get_output_embeddings()
         hidden = hidden.to(device=head.weight.device, dtype=head.weight.dtype)
         if self.config.draft_vocab_size is None:
-            return head(hidden)
-        weight, bias = self._draft_head_rows(head)
-        return torch.nn.functional.linear(hidden, weight, bias)
+            logits = head(hidden)
+        else:
+            weight, bias = self._draft_head_rows(head)
+            logits = torch.nn.functional.linear(hidden, weight, bias)
+        cap = getattr(target.config.get_text_config(), "final_logit_softcapping", None)
+        return torch.tanh(logits / cap) * cap if cap else logits
 
     def _draft_head_rows(self, head) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The head's rows (and bias) of the draft vocabulary. Gathered once and kept while the head's weight and
