@@ -143,8 +143,9 @@ def main(argv=None):
     records = json.loads(output.read_text()) if output.is_file() else []
     entries = args.drafters.split(",")
     names = [drafter_name(entry) for entry in entries]
+    pairs = [tuple(pair.split("/")) for pair in args.pairs.split(",") if pair]
     if args.report:
-        print(report(records, names, args.resamples))
+        print(report(records, names, args.resamples, pairs))
         return
     verifiers = args.verifiers.split(",")
     done = {(r["drafter"], r.get("verifier", "tev"), r["budget"], r["temperature"], r["set"], r["prompt"])
@@ -175,7 +176,6 @@ def main(argv=None):
                     row = decode(target, drafters[name], ids, budget, temperature, seed, args.max_new_tokens, verifier)
                     records.append({"drafter": name, "verifier": verifier, **where, **row})
                 output.write_text(json.dumps(records, indent=1))  # after every prompt: a stopped run keeps its work
-    pairs = [tuple(pair.split("/")) for pair in args.pairs.split(",") if pair]
     table = report(records, names, args.resamples, pairs)
     output.with_suffix(".md").write_text(table)
     print(table)
