@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from study import TARGET
-from table2 import chat_prompts, decode, drafter_folder, drafter_name
+from table2 import chat_prompts, decode, drafter_name
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import hf_tev
@@ -48,7 +48,12 @@ def parse_args(argv=None):
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--output", required=True)
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    for entry in args.drafters.split(","):  # before any model loads
+        name, _, folder = entry.partition("=")
+        if not name or not (Path(folder) / "config.json").is_file():
+            parser.error(f"--drafters: {entry!r} is not NAME=FOLDER with a drafter's config.json in FOLDER")
+    return args
 
 
 class ExitMassRecorder:
@@ -94,7 +99,7 @@ def main(argv=None):
     prompts = chat_prompts(tokenizer, args.prompts)
     results = {}
     for entry in args.drafters.split(","):
-        drafter = hf_tev.DFlashDraftModel.from_pretrained(drafter_folder(Path("."), entry)).eval()
+        drafter = hf_tev.DFlashDraftModel.from_pretrained(Path(entry.split("=", 1)[1])).eval()
         recorder, tokens, cycles = ExitMassRecorder(loop.coverage), 0, 0
         loop.coverage = recorder
         try:
