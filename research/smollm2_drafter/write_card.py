@@ -3,6 +3,9 @@ its Hub-ready card.
 
     python research/smollm2_drafter/write_card.py                  # after train_drafter.py and the measurements
     python research/smollm2_drafter/write_card.py --card_only      # rewrite the card of the shipped copy only
+    python research/smollm2_drafter/write_card.py --run dflash-l3-b8-v8k-stage2 --recipe \
+        research/smollm2_drafter/recipe_stage2.yaml --results research/smollm2_drafter/results/table2_stage2.json \
+        --drafter stage2                                           # a stage trained on from the shipped drafter
     python research/smollm2_drafter/write_card.py --arm exit       # a fine-tune arm of "ExitTrain's claim"
     python research/smollm2_drafter/write_card.py --arm dflash --drafter standard --card_only \
         --results research/smollm2_drafter/results/exittrain_claim.json   # its card, with the tau Table 2 measured
@@ -22,6 +25,7 @@ import argparse
 import json
 import shutil
 import sys
+from collections import Counter
 from pathlib import Path
 
 from hf_tev.packaged import SHIPPED_DRAFTERS
@@ -61,6 +65,11 @@ measured: `research/smollm2_drafter/README.md` of the hf_tev repository.
 """
 
 
+STAGE_1 = (
+    "hf_tev's stage-1 SmolLM2 drafter: a fresh drafter (`DFlashDraftModel.from_target`) with a draft vocabulary of "
+    "8,192 tokens (the target's EOS and the tokens it wrote most in the training rows), trained by `recipe.yaml` "
+    "(run dflash-l3-b8-v8k: 1,440 steps, 4 epochs of shards 0-45); the steps below are stage 2's, on top of those"
+)
 ARM_NOTE = """
 ## What this drafter is
 
@@ -91,6 +100,8 @@ def write_card(run: Path, records: list[dict], drafter: str, recipe: Path, folde
         init_from=(
             "hf_tev's shipped SmolLM2 drafter (`hf_tev/shipped_drafters/SmolLM2-135M-Instruct-DFlash`), fine-tuned"
             if arm
+            else STAGE_1
+            if script.drafter is not None
             else f"a fresh drafter (`DFlashDraftModel.from_target`), with a draft vocabulary of "
             f"{config['draft_vocab_size']:,} tokens (the target's EOS and the tokens it wrote most in the training "
             "rows)"
@@ -112,8 +123,9 @@ def write_card(run: Path, records: list[dict], drafter: str, recipe: Path, folde
         dataset_description=(
             "Answers written by the target itself (greedy and sampled at T = 1, up to 1,024 new tokens) to "
             "chat-templated prompts of permissive sources: GSM8K train (MIT), self-instruct seed tasks and Vicuna "
-            "questions (Apache-2.0), Python function requests from CPython docstrings (PSF); never a benchmark test "
-            f"prompt (research/smollm2_drafter/README.md); {data_summary(shards)}."
+            "questions (Apache-2.0), Python function requests from CPython docstrings (PSF) and TheAlgorithms/Python "
+            "(MIT); never a benchmark test prompt (research/smollm2_drafter/README.md); "
+            f"{data_summary(shards)}."
         ),
         measured_tau=measured_tau(records, drafter),
     )
@@ -126,12 +138,15 @@ def data_summary(shards: list[str]) -> str:
     """The frozen shards' rows and target-written tokens, counted from the committed shard files."""
     rows = [json.loads(line) for name in shards for line in (HERE / "data" / name).read_text().splitlines() if line]
     tokens = sum(len(row["input_ids"]) - row["prompt_length"] for row in rows)
-    return f"shards {shards[0]} to {shards[-1]}, {len(rows):,} rows, {tokens:,} response tokens"
+    sources = Counter(row["source"] for row in rows).most_common()
+    by_source = ", ".join(f"{name} {count:,}" for name, count in sources)
+    return f"shards {shards[0]} to {shards[-1]}, {len(rows):,} rows ({by_source}), {tokens:,} response tokens"
 
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--run", default="dflash-l3-b8-v8k")
+    parser.add_argument("--recipe", default=str(HERE / "recipe.yaml"), help="the run's recipe (not for an --arm)")
     parser.add_argument("--results", default=str(HERE / "results" / "table2.json"))
     parser.add_argument("--drafter", default=None, help="its name in --results (default: the arm's, else l3)")
     parser.add_argument("--card_only", action="store_true", help="keep the shipped weights, rewrite the card")
@@ -141,7 +156,7 @@ def main(argv=None) -> None:
         run, recipe = HERE / "runs" / f"ft-{args.arm}", HERE / "finetune" / f"{args.arm}.yaml"
         folder = HERE / "finetune" / "drafters" / args.arm
     else:
-        run, recipe, folder = HERE / "runs" / args.run, HERE / "recipe.yaml", SHIPPED
+        run, recipe, folder = HERE / "runs" / args.run, Path(args.recipe), SHIPPED
     if not args.card_only:
         folder.mkdir(parents=True, exist_ok=True)
         for name in FILES:
