@@ -5,7 +5,7 @@ its Hub-ready card.
     python research/smollm2_drafter/write_card.py --card_only      # rewrite the card of the shipped copy only
     python research/smollm2_drafter/write_card.py --run dflash-l3-b8-v8k-stage2 --recipe \
         research/smollm2_drafter/recipe_stage2.yaml --results research/smollm2_drafter/results/table2_stage2.json \
-        --drafter stage2                                           # a stage trained on from the shipped drafter
+        --drafter stage2 --folder research/smollm2_drafter/drafters/stage2   # a stage, before it is the default
     python research/smollm2_drafter/write_card.py --arm exit       # a fine-tune arm of "ExitTrain's claim"
     python research/smollm2_drafter/write_card.py --arm dflash --drafter standard --card_only \
         --results research/smollm2_drafter/results/exittrain_claim.json   # its card, with the tau Table 2 measured
@@ -70,6 +70,13 @@ STAGE_1 = (
     "8,192 tokens (the target's EOS and the tokens it wrote most in the training rows), trained by `recipe.yaml` "
     "(run dflash-l3-b8-v8k: 1,440 steps, 4 epochs of shards 0-45); the steps below are stage 2's, on top of those"
 )
+CANDIDATE_NOTE = """
+## What this drafter is
+
+A candidate for hf_tev's default SmolLM2 drafter, kept beside it until it is measured everywhere the default is
+(Table 2 at every budget and temperature, the bench): the measured tau above, its comparison with the default and
+whether it replaces it are in `research/smollm2_drafter/README.md` of the hf_tev repository.
+"""
 ARM_NOTE = """
 ## What this drafter is
 
@@ -129,7 +136,9 @@ def write_card(run: Path, records: list[dict], drafter: str, recipe: Path, folde
         ),
         measured_tau=measured_tau(records, drafter),
     )
-    note = (ARM_NOTE if arm else WHY_DEFAULT) + TARGET_WEIGHTS
+    note = (
+        ARM_NOTE if arm else WHY_DEFAULT if folder.resolve() == SHIPPED.resolve() else CANDIDATE_NOTE
+    ) + TARGET_WEIGHTS
     (folder / "README.md").write_text(card.content.rstrip() + "\n" + note)
     return folder
 
@@ -147,6 +156,7 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--run", default="dflash-l3-b8-v8k")
     parser.add_argument("--recipe", default=str(HERE / "recipe.yaml"), help="the run's recipe (not for an --arm)")
+    parser.add_argument("--folder", default=str(SHIPPED), help="where the drafter goes (not for an --arm)")
     parser.add_argument("--results", default=str(HERE / "results" / "table2.json"))
     parser.add_argument("--drafter", default=None, help="its name in --results (default: the arm's, else l3)")
     parser.add_argument("--card_only", action="store_true", help="keep the shipped weights, rewrite the card")
@@ -156,7 +166,7 @@ def main(argv=None) -> None:
         run, recipe = HERE / "runs" / f"ft-{args.arm}", HERE / "finetune" / f"{args.arm}.yaml"
         folder = HERE / "finetune" / "drafters" / args.arm
     else:
-        run, recipe, folder = HERE / "runs" / args.run, Path(args.recipe), SHIPPED
+        run, recipe, folder = HERE / "runs" / args.run, Path(args.recipe), Path(args.folder)
     if not args.card_only:
         folder.mkdir(parents=True, exist_ok=True)
         for name in FILES:
