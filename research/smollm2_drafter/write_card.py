@@ -68,7 +68,7 @@ measured: `research/smollm2_drafter/README.md` of the hf_tev repository.
 STAGE_1 = (
     "hf_tev's stage-1 SmolLM2 drafter: a fresh drafter (`DFlashDraftModel.from_target`) with a draft vocabulary of "
     "8,192 tokens (the target's EOS and the tokens it wrote most in the training rows), trained by `recipe.yaml` "
-    "(run dflash-l3-b8-v8k: 1,440 steps, 4 epochs of shards 0-45); the steps below are stage 2's, on top of those"
+    "(run dflash-l3-b8-v8k: 1,440 steps, 4 epochs of shards 0-45); the steps below are this stage's, on top"
 )
 CANDIDATE_NOTE = """
 ## What this drafter is
@@ -162,6 +162,8 @@ def main(argv=None) -> None:
     parser.add_argument("--card_only", action="store_true", help="keep the shipped weights, rewrite the card")
     parser.add_argument("--arm", default=None, help="a fine-tune arm (run ft-ARM, recipe finetune/ARM.yaml)")
     args = parser.parse_args(argv)
+    if args.arm and (Path(args.recipe) != HERE / "recipe.yaml" or Path(args.folder) != SHIPPED):
+        parser.error(f"--arm {args.arm} takes its recipe and folder from finetune/: drop --recipe and --folder")
     if args.arm:
         run, recipe = HERE / "runs" / f"ft-{args.arm}", HERE / "finetune" / f"{args.arm}.yaml"
         folder = HERE / "finetune" / "drafters" / args.arm
