@@ -289,9 +289,9 @@ DRAFTER_STUDY = REPO / "research" / "smollm2_drafter"
 
 
 def test_the_smollm2_drafter_recipes_parse_into_the_settings_its_readme_states(monkeypatch):
-    """SmolLM2's strong drafter: stage 1 trains a fresh 3-layer drafter, stage 2 trains the shipped one on (a warm
-    restart at half the peak), the fine-tune arms start from it at the authors' ExitTrain values; every schedule
-    keeps a floor of 10% (never annealed to 0), as the README's table says."""
+    """SmolLM2's strong drafter: stage 1 trains a fresh 3-layer drafter, stages 2 and 3 train the shipped one on
+    (warm restarts at a half and a third of the peak), the fine-tune arms start from it at the authors' ExitTrain
+    values; every schedule keeps a floor of 10% (never annealed to 0), as the README's table says."""
     from hf_tev.training.cli import parse_args
 
     monkeypatch.chdir(REPO)  # train_drafter.py runs hf-tev train from the repository root
@@ -302,7 +302,8 @@ def test_the_smollm2_drafter_recipes_parse_into_the_settings_its_readme_states(m
                            "--output_dir", "out", "--threads", "2"])  # fmt: skip
 
     recipes = sorted(DRAFTER_STUDY.glob("recipe*.yaml")) + sorted((DRAFTER_STUDY / "finetune").glob("*.yaml"))
-    assert {path.stem for path in recipes} == {"recipe", "recipe_stage2", "dflash", "exit", "exit_heavy", "prefix"}
+    stages = {"recipe", "recipe_stage2", "recipe_stage3"}
+    assert {path.stem for path in recipes} == stages | {"dflash", "exit", "exit_heavy", "prefix"}
     for path in recipes:
         script, args = parsed(path)
         assert (args.lr_scheduler_type, args.lr_scheduler_kwargs, args.warmup_steps) == (
@@ -317,10 +318,11 @@ def test_the_smollm2_drafter_recipes_parse_into_the_settings_its_readme_states(m
     assert (stage1.drafter, stage1.num_draft_layers, stage1.block_size, stage1.draft_vocab_size) == (None, 3, 8, 8192)
     assert stage1.target_layer_ids == [1, 14, 27]
     assert (stage1_args.learning_rate, stage1_args.num_train_epochs, stage1_args.anchors_per_sequence) == (6e-4, 4, 64)
-    stage2, stage2_args = parsed(DRAFTER_STUDY / "recipe_stage2.yaml")  # the shipped drafter, trained on
-    assert (stage2.drafter, stage2.draft_vocab_size) == (shipped, None)  # its layers and vocabulary are kept
-    assert (stage2_args.objective, stage2_args.learning_rate, stage2_args.num_train_epochs) == ("dflash", 3e-4, 2)
-    assert stage2_args.anchors_per_sequence == stage1_args.anchors_per_sequence
+    for stage, peak in (("recipe_stage2", 3e-4), ("recipe_stage3", 2e-4)):  # the shipped drafter, trained on
+        later, later_args = parsed(DRAFTER_STUDY / f"{stage}.yaml")
+        assert (later.drafter, later.draft_vocab_size) == (shipped, None), stage  # its layers and vocabulary are kept
+        assert (later_args.objective, later_args.learning_rate, later_args.num_train_epochs) == ("dflash", peak, 2)
+        assert later_args.anchors_per_sequence == stage1_args.anchors_per_sequence
     for arm in ("dflash", "exit", "exit_heavy", "prefix"):  # the authors' ExitTrain values: 1e-4, 32, 2 epochs
         script, args = parsed(DRAFTER_STUDY / "finetune" / f"{arm}.yaml")
         assert (args.learning_rate, args.anchors_per_sequence, args.num_train_epochs) == (1e-4, 32, 2), arm
