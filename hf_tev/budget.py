@@ -149,7 +149,7 @@ class CycleCost:
     stale_factor: float = 1.5
     stale_after: int = 16
     passes_since_probe: int = 0
-    # The largest pass the probe was asked to cover (sizes beyond it are priced by extending its last segment),
+    # The largest pass the probe was asked to cover (sizes beyond it are priced by extending the curve, `tree_shape`),
     # and whether it stopped before it because a pass cost too much for any tree to pay (then no larger size is
     # worth measuring).
     probe_limit: int = 0
@@ -190,14 +190,18 @@ class CycleCost:
         first as the anchor (`take_probe` rescales the curve by it): the first such call brings the curve to the
         machine's new level, and each later one corrects the shape at one more size. Only the sizes beyond the
         last probe's limit, anchored at 1 the same way, when the budget may now choose larger trees than it was
-        probed for; else none."""
+        probed for; else none.
+
+        The sizes beyond the limit come first, even while a refresh is owed: the budget is choosing trees the
+        curve only extrapolates, and such trees (mispriced) are what drives the scale out of range in the first
+        place, so a refresh alone, which never measures past the limit, would keep them mispriced for good."""
         if not self.probed:
             return ProbePlan(probe_sizes(1, limit), limit, extend=False)
+        if not self.probe_stopped and limit > self.probe_limit:
+            return ProbePlan([1, *probe_sizes(self.probe_limit + 1, limit)], limit, extend=True)
         if self.stale_sizes or self.needs_probe:
             return ProbePlan([1, *self._sizes_to_refresh()[:1]], self.probe_limit, extend=False, refresh=True)
-        if self.probe_stopped or limit <= self.probe_limit:
-            return ProbePlan([], limit, extend=False)
-        return ProbePlan([1, *probe_sizes(self.probe_limit + 1, limit)], limit, extend=True)
+        return ProbePlan([], limit, extend=False)
 
     def take_probe(self, plan: ProbePlan, sizes: list[int], seconds: list[float]) -> None:
         """The measured passes of `plan` (a pass that cost too much for any tree to pay ends it early, so `sizes`
@@ -245,6 +249,10 @@ class CycleCost:
         }
 
     def tree_shape(self, tokens: int) -> float:
+        """The probed curve at `tokens`: interpolated between probed sizes. Past the largest, extended at the
+        steeper of its last segment's slope and its mean slope from the first size: a CPU's curve is a staircase
+        (8 and 16 tokens may cost nearly the same), and its last, flat step would price a pass of 100 tokens at
+        half what it costs until a probe reaches it."""
         sizes, times = self.probe_sizes, self.probe_times
         if not sizes:
             return float(tokens)  # no probe: a pass costs its tokens (the CPU view)
@@ -252,6 +260,9 @@ class CycleCost:
             return times[0] * tokens / sizes[0]
         i = min(max(bisect.bisect_left(sizes, tokens), 1), len(sizes) - 1)
         slope = max((times[i] - times[i - 1]) / (sizes[i] - sizes[i - 1]), 0.0)
+        if tokens > sizes[-1]:
+            slope = max(slope, (times[-1] - times[0]) / (sizes[-1] - sizes[0]))
+            return max(times[-1] + slope * (tokens - sizes[-1]), 1e-9)
         return max(times[i - 1] + slope * (tokens - sizes[i - 1]), 1e-9)
 
     def tree(self, tokens: int) -> float:

@@ -364,6 +364,38 @@ def test_the_probe_measures_only_sizes_the_budget_could_choose():
     assert budget.probe_plan().sizes == []
 
 
+def test_a_stale_probe_is_extended_first_when_the_budget_outgrew_it():
+    """A budget whose trees outgrew the probe makes the scale drift (they are priced by extrapolation); the sizes
+    past the probe are measured before the refresh, which never measures past the probed sizes and would leave the
+    large trees mispriced call after call."""
+    cost = CycleCost()
+    budget = CostAwareBudget(max_budget=128, calibration=AcceptanceCalibration(), cost=cost)
+    plan = budget.probe_plan()
+    cost.take_probe(plan, plan.sizes, [5e-3 * (1 + 0.1 * k) for k in plan.sizes])
+    for _ in range(cost.stale_after):  # large trees, underpriced: their passes run slower than the curve said
+        cost.observe(63, 2.5 * cost.tree_shape(64), 1e-4)
+    budget.limit = 64
+    assert cost.needs_probe
+    plan = budget.probe_plan()
+    assert plan == ProbePlan([1, 32, 64], 65, extend=True)
+    cost.take_probe(plan, plan.sizes, [5e-3 * (1 + 0.1 * k) for k in plan.sizes])
+    assert cost.probe_sizes == [1, 2, 4, 8, 16, 32, 64]
+    assert budget.probe_plan() == ProbePlan([1, 2], 65, extend=False, refresh=True)  # then the refresh, as before
+
+
+def test_passes_past_the_probe_are_priced_no_flatter_than_the_probed_curve():
+    """A CPU's curve is a staircase (SmolLM2 at 1 thread, in plain steps: 8 tokens 2.02, 16 tokens 2.11, 105 tokens
+    5.85): its last, flat step must not price a pass of 105 tokens at about 3 steps. A GPU's flat curve stays flat."""
+    cpu = CycleCost()
+    cpu.set_probe([1, 2, 4, 8, 16], [1.00, 1.06, 1.55, 2.02, 2.11], limit=17)
+    assert cpu.tree_shape(105) / cpu.tree_shape(1) >= 5.0
+    assert cpu.tree_shape(12) == pytest.approx((2.02 + 2.11) / 2)  # inside the probe: interpolated as before
+    assert cpu.tree_shape(17) == pytest.approx(2.11 + 1.11 / 15)
+    gpu = CycleCost()
+    gpu.set_probe([1, 2, 4, 8, 16], [1.00, 1.00, 1.01, 1.02, 1.05], limit=17)
+    assert gpu.tree_shape(65) / gpu.tree_shape(1) <= 1.3
+
+
 def test_the_probe_stops_where_no_tree_can_pay_and_is_not_extended_past_it():
     cost = CycleCost()
     plan = cost.probe_plan(17)
