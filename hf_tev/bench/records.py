@@ -76,6 +76,7 @@ RECORD_FIELDS = (
     "tree_size_quartiles",
     "plain_cycle_fraction",
     "predicted_tau",
+    "budget_models",
     "per_prompt",
 )
 
@@ -300,6 +301,15 @@ def tree_size_fields(runs: list) -> dict:
     )
 
 
+def budget_models(runs_per_prompt: list[list]) -> list[dict] | None:
+    """The automatic budget's cost model at the end of each prompt's first run (`TEVStats.budget_model`: probed
+    pass times, scale, drafter and cycle times), in prompt order; None where no run had an automatic budget. It
+    is state shared by every call on the same target (docs/auto_budget.md), so it says what each call priced its
+    trees by."""
+    models = [getattr(runs[0].stats, "budget_model", None) for runs in runs_per_prompt]
+    return models if any(model is not None for model in models) else None
+
+
 def greedy_mismatch(runs_per_prompt, ar_runs) -> str | None:
     """None when every prompt's tokens equal ar's, else where they first differ."""
     for index, (runs, reference) in enumerate(zip(runs_per_prompt, ar_runs, strict=True)):
@@ -383,6 +393,7 @@ def make_records(config, plan, runs, stage, temperature, set_name, num_prompts, 
                 where = f"on {set_name} differs from {REFERENCE_METHOD} at T=0: {mismatch}"
                 add_warning(notes, greedy_mismatch_message(method, drafter, budget, where))
         record.update(verifier_stage_fields(method, pooled_stage(replay)))
+        record["budget_models"] = budget_models(runs[job])
         record["per_prompt"] = per_prompt_values(
             job, runs[job], ar_runs, replay if record["verifier_stage_ms"] else None
         )

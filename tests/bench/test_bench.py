@@ -157,6 +157,11 @@ def test_every_method_tiny_run_writes_json_table_and_plot(tiny_run, kit_drafter)
             assert r["tree_size_mean"] is not None and len(r["tree_size_quartiles"]) == 3
             assert (r["predicted_tau"] is not None) == (r["budget"] == "auto")
             assert r["budget"] == "auto" or r["tree_size_quartiles"][2] <= 4
+            if r["budget"] == "auto":  # what each prompt's call priced its trees by, in prompt order
+                assert len(r["budget_models"]) == r["prompts"]
+                assert all(model["probe_tokens"][0] == 1 for model in r["budget_models"])
+        if r["budget"] != "auto":
+            assert r["budget_models"] is None
         assert (r["verifier_stage_ms"] is not None) == staged
         if staged:
             assert r["verifier_stage_cycles"] > 0
