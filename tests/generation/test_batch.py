@@ -94,8 +94,12 @@ def test_batch_greedy_equals_each_prompt_alone():
             assert len(out.tev_stats) == len(PROMPTS)
             if budget == "auto":  # one size for the batch: while every row is in, every row's tree has it
                 shared = min(s.pass_rows.count(len(PROMPTS)) for s in out.tev_stats)
-                for cycle in range(min(shared, 4)):
-                    assert len({s.tree_sizes[cycle] for s in out.tev_stats}) == 1, cycle
+                # The first cycle runs the drafter, whose oracle chain in every row is longer than any size. A later
+                # cycle may run on context drafts alone (the budget paused the drafter, which depends on the
+                # measured costs): a row without a match keeps 0 nodes, every other row the one size.
+                assert len({s.tree_sizes[0] for s in out.tev_stats}) == 1
+                for cycle in range(shared):
+                    assert len({s.tree_sizes[cycle] for s in out.tev_stats} - {0}) <= 1, cycle
             for stats, prompt, sequence in zip(out.tev_stats, PROMPTS, expected, strict=True):
                 # every row emits exactly its own tokens, cycle by cycle
                 assert sum(stats.accepted_lengths) + 1 == len(sequence) - len(prompt)
