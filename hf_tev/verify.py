@@ -56,6 +56,12 @@ def _sample(
     return torch.searchsorted(cdf, threshold).squeeze(-1)
 
 
+def sample_scores(scores: torch.Tensor, generator: torch.Generator | None = None) -> torch.LongTensor:
+    """One token per row from softmax(scores) `[..., V]` -> `[...]`, by `_sample`'s inverse CDF: a plain step's
+    draw (the prefill's root, a root-only cycle's bonus), with the verifiers' one uniform per draw."""
+    return _sample(torch.softmax(scores, dim=-1), generator)
+
+
 def _bernoulli(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.BoolTensor:
     """Independent coins, True with the given probabilities."""
     uniform = torch.rand(probs.shape, generator=generator, dtype=probs.dtype, device=probs.device)

@@ -37,7 +37,7 @@ from .hybrid import text_position_ids
 from .outputs import Outputs, StageClock, first_stop, host_eos_ids
 from .processors import processors_for_row, processors_for_tree
 from .static import StaticTreeInputs, check_static, static_cache, static_nodes, wants_static
-from .verifier import next_token, verifier_stage
+from .verifier import first_token, verifier_stage
 
 logger = logging.get_logger(__name__)
 
@@ -177,7 +177,7 @@ def first_roots(input_ids, raw, positions, processors, stopping_criteria, genera
     for r in range(input_ids.shape[0]):
         row_processors = processors_for_row(processors, r)
         processed = row_processors(input_ids[r : r + 1], raw[r : r + 1])
-        root = next_token(processed, generation_config.do_sample, generator)  # [1]
+        root = first_token(processed, generation_config.do_sample, generator)  # [1]
         row = Row(r, torch.cat([input_ids[r : r + 1], root[None]], 1), int(positions[r, -1]) + 1, row_processors)
         outputs.add(processed, raw[r : r + 1])
         outputs.stream(root)

@@ -10,22 +10,35 @@ import torch
 from transformers.cache_utils import StaticCache
 
 from ..tree import to_device
-from ..verify import VERIFIER_STEPS, VERIFIERS, run_steps, run_together
+from ..verify import VERIFIER_STEPS, VERIFIERS, run_steps, run_together, sample_scores
 from .cache import commit_accepted_path
 from .processors import process_tree_logits
 
 
-def next_token(scores: torch.Tensor, do_sample: bool, generator=None) -> torch.LongTensor:
-    """The target's own next token from processed scores `[1, V]` -> `[1]` (the prefill's root, a root-only
-    cycle's bonus).
+def first_token(scores: torch.Tensor, do_sample: bool, generator=None) -> torch.LongTensor:
+    """The prefill's root from processed scores `[1, V]` -> `[1]`: plain `generate`'s first step, drawn as it
+    draws, so that a call's first token is plain sampling's under the same seed.
 
     Sampling draws what `torch.multinomial(probs, 1)` draws, by the same exponential race and the same random
     numbers (torch's one-sample path: argmax of p / Exp(1)), without its two host reads that check the
-    probabilities (a wait for the device each)."""
+    probabilities (a wait for the device each). Once per call: its V random numbers cost a millisecond at
+    V = 49,152, which the cycles do not pay (`next_token`)."""
     if do_sample:
         probs = torch.softmax(scores, dim=-1)
         race = torch.empty_like(probs).exponential_(1, generator=generator)
         return probs.div_(race).argmax(dim=-1, keepdim=True)[0]
+    return scores.argmax(dim=-1)
+
+
+def next_token(scores: torch.Tensor, do_sample: bool, generator=None) -> torch.LongTensor:
+    """A root-only cycle's bonus, the target's own next token, from processed scores `[1, V]` -> `[1]`.
+
+    Sampling draws as every verifier draws its bonus, by the inverse CDF of one uniform
+    (`hf_tev.verify.sample_scores`): the law of `torch.multinomial(probs, 1)`, whose exponential race takes V
+    random numbers (a millisecond at V = 49,152 on a CPU, 1.5% of a 135M target's step, which a plain cycle would
+    pay beyond plain `generate`'s step)."""
+    if do_sample:
+        return sample_scores(scores, generator)
     return scores.argmax(dim=-1)
 
 

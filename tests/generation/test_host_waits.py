@@ -27,7 +27,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils.weak import WeakIdKeyDictionary
 
 import hf_tev
-from hf_tev.generation.verifier import next_token
+from hf_tev.generation.verifier import first_token, next_token
 from hf_tev.packaged import load_kit_model, load_kit_prompts, load_kit_tokenizer
 
 CUDA = torch.device("cuda", 0)
@@ -314,15 +314,34 @@ def test_the_counter_counts_what_a_device_waits_for():
     assert len(counter.waits) == 10
 
 
-def test_a_sampled_next_token_is_what_multinomial_draws():
-    """`next_token` replaces `torch.multinomial` (two host reads on CUDA) by its exponential race: the same token
-    from the same generator, which is left in the same state."""
+def test_a_sampled_first_token_is_what_multinomial_draws():
+    """`first_token` (the prefill's root) replaces `torch.multinomial` (two host reads on CUDA) by its exponential
+    race: the same token from the same generator, which is left in the same state."""
     for seed in range(20):
         scores = torch.randn(1, 96, generator=torch.Generator().manual_seed(100 + seed)) * 3
         theirs, ours = torch.Generator().manual_seed(seed), torch.Generator().manual_seed(seed)
         expected = torch.multinomial(torch.softmax(scores, dim=-1), 1, generator=theirs)[0]
-        assert next_token(scores, True, ours).equal(expected)
+        assert first_token(scores, True, ours).equal(expected)
         assert ours.get_state().equal(theirs.get_state())
+
+
+def test_a_sampled_next_token_draws_the_softmax_law_from_one_uniform():
+    """`next_token` (a root-only cycle's bonus) draws by the inverse CDF of one uniform, as the verifiers draw
+    their bonus, not by `multinomial`'s race of V random numbers: the token is the first whose cumulative
+    probability reaches the uniform, so the law is softmax(scores) exactly, and the generator moves by one draw."""
+    scores = torch.tensor([[0.5, -float("inf"), 2.0, 1.0, -1.0]])
+    cdf = torch.softmax(scores.double(), dim=-1).cumsum(-1)[0]
+    for seed in range(200):
+        ours, theirs = torch.Generator().manual_seed(seed), torch.Generator().manual_seed(seed)
+        uniform = torch.rand(1, 1, generator=theirs, dtype=torch.float64).item()
+        expected = int(torch.searchsorted(cdf, (1 - uniform) * cdf[-1:]))
+        assert next_token(scores, True, ours).tolist() == [expected]
+        assert ours.get_state().equal(theirs.get_state())
+    generator = torch.Generator().manual_seed(0)
+    counts = torch.bincount(torch.cat([next_token(scores, True, generator) for _ in range(4000)]), minlength=5)
+    assert counts[1] == 0  # -inf never drawn
+    expected = 4000 * torch.softmax(scores, dim=-1)[0]
+    assert (counts - expected).abs().max() < 5 * expected.clamp_min(1).sqrt().max()
 
 
 def test_plain_generate_waits_per_step(kit):
