@@ -153,22 +153,24 @@ def build_merged_tree(
     stats: LookupStats,
     size_rule=None,
     device=None,
+    token_ids=None,
 ) -> DraftTree:
     """The draft tree of the drafter's best-first candidates and the lookup continuations, in one best-first
-    order by path log-probability (module docstring). `draft_logprobs` `[D, V]` may be None (lookup only).
+    order by path log-probability (module docstring). `draft_logprobs` `[D, V]` may be None (lookup only);
+    `token_ids` `[V]`: its columns' token ids, as for `hf_tev.tree.build_tree`.
 
     Returns a `DraftTree` with `path_logprobs` (the merged scores) and `node_info` (`NodeInfo`).
     """
     if isinstance(budget, bool) or not isinstance(budget, int) or budget < 0:
         raise ValueError(f"budget must be an int >= 0, got {budget!r}")
     if draft_logprobs is not None:
-        check_draft_logprobs(draft_logprobs)
+        check_draft_logprobs(draft_logprobs, token_ids)
         device = draft_logprobs.device
     root = root_tensor(root_token, device if device is not None else "cpu")
     # 1. The lookup trie, its nodes in non-increasing lookup score (parents before children on ties).
     trie_nodes, lookup_order = _lookup_trie(continuations, stats)
     # 2. The drafter's ranked top-k per depth (as in `build_tree`), on the host.
-    values, ids, k = _host_topk(draft_logprobs, budget)
+    values, ids, k = _host_topk(draft_logprobs, budget, token_ids)
     # 3. Merge the two streams by score.
     merged = _MergedNodes(budget, size_rule)
     merged_of_trie = {0: 0}
@@ -203,13 +205,13 @@ def build_merged_tree(
     return merged.tree(root)
 
 
-def _host_topk(draft_logprobs: torch.Tensor | None, budget: int) -> tuple[list, list, int]:
+def _host_topk(draft_logprobs: torch.Tensor | None, budget: int, token_ids=None) -> tuple[list, list, int]:
     """The drafter's ranked top-k log-probs and ids per depth as host lists `[D][k]`, k = min(budget, V) (empty
     when there is nothing to draft), in one host transfer."""
     if draft_logprobs is None or budget == 0 or draft_logprobs.shape[0] == 0:
         return [], [], 0
     k = min(budget, draft_logprobs.shape[1])
-    return *host_topk(draft_logprobs, k), k
+    return *host_topk(draft_logprobs, k, token_ids), k
 
 
 class _MergedNodes:

@@ -196,13 +196,18 @@ def to_device(host: torch.Tensor, device) -> torch.Tensor:
     return host.to(device, non_blocking=True)
 
 
-def check_draft_logprobs(draft_logprobs) -> None:
+def check_draft_logprobs(draft_logprobs, token_ids=None) -> None:
     if not isinstance(draft_logprobs, torch.Tensor):
         raise TypeError(f"draft_logprobs must be a torch.Tensor, got {type(draft_logprobs).__name__}")
     if not draft_logprobs.is_floating_point():
         raise TypeError(f"draft_logprobs must be a floating tensor, got dtype {draft_logprobs.dtype}")
     if draft_logprobs.dim() != 2 or draft_logprobs.shape[1] == 0:
         raise ValueError(f"draft_logprobs must have shape [D, V] with V >= 1, got {tuple(draft_logprobs.shape)}")
+    if token_ids is not None and tuple(token_ids.shape) != draft_logprobs.shape[1:]:
+        raise ValueError(
+            f"token_ids must hold one target id per column of draft_logprobs ({draft_logprobs.shape[1]}), got shape "
+            f"{tuple(token_ids.shape)}"
+        )
 
 
 def root_tensor(root_token, device) -> torch.LongTensor:
@@ -247,24 +252,27 @@ def ranked_topk(logprobs: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Lon
     return logprobs.gather(1, ids), ids, row_max
 
 
-def host_topk(draft_logprobs: torch.Tensor, k: int) -> tuple[list[list[float]], list[list[int]]]:
+def host_topk(draft_logprobs: torch.Tensor, k: int, token_ids=None) -> tuple[list[list[float]], list[list[int]]]:
     """`ranked_topk`'s values and token ids as host lists `[D][k]`, checked to be log-probabilities (every row's
-    maximum <= 0, so no NaN): one device-to-host transfer of all three. On CPU, where nothing is transferred, list
-    conversions replace the packing into one float64 tensor (the same numbers: float32 and bfloat16 values are
-    exact in Python floats, token ids in float64), and a top-k of the values replaces the key where it finds the
-    same entries (`_cpu_host_topk`; torch's CPU top-k selects more slowly once k exceeds V / 64, where the one
-    more entry it needs costs more than the key saves)."""
+    maximum <= 0, so no NaN): one device-to-host transfer of all three. `token_ids` `[V]` (ascending, e.g. a
+    drafter's draft vocabulary) maps the chosen columns to their token ids before the transfer (ascending, so
+    that ties still go to the lower token id); None: column v is token v. On CPU, where nothing is transferred,
+    list conversions replace the packing into one float64 tensor (the same numbers: float32 and bfloat16 values
+    are exact in Python floats, token ids in float64), and a top-k of the values replaces the key where it finds
+    the same entries (`_cpu_host_topk`; torch's CPU top-k selects more slowly once k exceeds V / 64, where the
+    one more entry it needs costs more than the key saves)."""
     on_cpu = draft_logprobs.device.type == "cpu"
     prefetched = getattr(draft_logprobs, "_hf_tev_topk", None)  # `prefetch_host_topk`
     if prefetched is not None and prefetched[:2] == (k, draft_logprobs._version):
         maxima, values, ids = prefetched[2:]
     elif on_cpu and draft_logprobs.dtype != torch.float64 and 64 * (k + 1) <= draft_logprobs.shape[1]:
-        maxima, values, ids = _cpu_host_topk(draft_logprobs, k)
+        maxima, values, ids = _cpu_host_topk(draft_logprobs, k, token_ids)
     elif on_cpu:
         values, ids, row_max = ranked_topk(draft_logprobs, k)
-        maxima, values, ids = row_max.tolist(), values.tolist(), ids.tolist()
+        maxima, values, ids = row_max.tolist(), values.tolist(), _token_ids(ids, token_ids).tolist()
     else:
         values, ids, row_max = ranked_topk(draft_logprobs, k)
+        ids = _token_ids(ids, token_ids)
         host = torch.cat([values.double(), ids.double(), row_max.double()[:, None]], dim=1).cpu()  # [D, 2k + 1]
         maxima, values, ids = host[:, -1].tolist(), host[:, :k].tolist(), host[:, k : 2 * k].long().tolist()
     if not all(maximum <= 0 for maximum in maxima):  # a positive maximum or a NaN
@@ -275,7 +283,12 @@ def host_topk(draft_logprobs: torch.Tensor, k: int) -> tuple[list[list[float]], 
     return values, ids
 
 
-def prefetch_host_topk(drafts: list, budget: int) -> None:
+def _token_ids(columns: torch.LongTensor, token_ids: torch.LongTensor | None) -> torch.LongTensor:
+    """The token ids of top-k columns (`host_topk`'s `token_ids`)."""
+    return columns if token_ids is None else token_ids[columns]
+
+
+def prefetch_host_topk(drafts: list, budget: int, token_ids=None) -> None:
     """The `host_topk` of several drafts `[d_i, V]` (None: no draft) of one vocabulary, brought to the host in ONE
     device-to-host copy for the builds that follow (a batch's rows on an accelerator: one wait, not one per row).
     Each draft keeps its lists until it is changed; on the CPU, where reading costs no wait, nothing is done."""
@@ -286,6 +299,7 @@ def prefetch_host_topk(drafts: list, budget: int) -> None:
     packed = []  # as `host_topk` packs one draft: [d_i, 2k + 1] float64 values, ids and the row maximum
     for draft in drafts:
         values, ids, row_max = ranked_topk(draft, k)
+        ids = _token_ids(ids, token_ids)
         packed.append(torch.cat([values.double(), ids.double(), row_max.double()[:, None]], dim=1))
     host, start = torch.cat(packed).tolist(), 0  # the one copy
     for draft in drafts:
@@ -294,7 +308,9 @@ def prefetch_host_topk(drafts: list, budget: int) -> None:
         draft._hf_tev_topk = (k, draft._version, [row[-1] for row in rows], [row[:k] for row in rows], ids)
 
 
-def _cpu_host_topk(logprobs: torch.Tensor, k: int) -> tuple[list[float], list[list[float]], list[list[int]]]:
+def _cpu_host_topk(
+    logprobs: torch.Tensor, k: int, token_ids=None
+) -> tuple[list[float], list[list[float]], list[list[int]]]:
     """`host_topk` on CPU: `(row maxima, values, ids)`, the same lists as `ranked_topk` gives.
 
     There `ranked_topk`'s integer key (four passes over `[D, V]` and an int64 copy of it) costs more than the
@@ -304,12 +320,12 @@ def _cpu_host_topk(logprobs: torch.Tensor, k: int) -> tuple[list[float], list[li
     (rare for float32 log-probabilities; -inf tails) takes the key.
     """
     top_values, top_ids = logprobs.topk(k + 1, dim=-1)  # [D, k + 1], by value; ties in any order
-    values, ids = top_values.tolist(), top_ids.tolist()
+    values, ids = top_values.tolist(), _token_ids(top_ids, token_ids).tolist()
     maxima = [row[0] for row in values]  # each row's maximum: torch's CPU top-k ranks NaN above every number
     for depth, (row_values, row_ids) in enumerate(zip(values, ids, strict=True)):
         if row_values[k - 1] == row_values[k]:  # which of the tied entries come first: the key says
             exact_values, exact_ids, _ = ranked_topk(logprobs[depth : depth + 1], k)
-            values[depth], ids[depth] = exact_values[0].tolist(), exact_ids[0].tolist()
+            values[depth], ids[depth] = exact_values[0].tolist(), _token_ids(exact_ids[0], token_ids).tolist()
             continue
         del row_values[k:], row_ids[k:]
         if len(set(row_values)) < k:  # equal values (adjacent, as sorted): lower token id first
@@ -318,7 +334,7 @@ def _cpu_host_topk(logprobs: torch.Tensor, k: int) -> tuple[list[float], list[li
     return maxima, values, ids
 
 
-def build_tree(draft_logprobs: torch.Tensor, budget: int, root_token, size_rule=None) -> DraftTree:
+def build_tree(draft_logprobs: torch.Tensor, budget: int, root_token, size_rule=None, token_ids=None) -> DraftTree:
     """Best-first DDTree draft tree (docs/design.md#trees, tie rule in the module docstring).
 
     Args:
@@ -332,11 +348,14 @@ def build_tree(draft_logprobs: torch.Tensor, budget: int, root_token, size_rule=
             path log-probability, so the first n nodes are the best tree of size n: a rule can stop where no
             larger tree pays and the caller keep the best first nodes (`hf_tev.budget.SizeRule`,
             `DraftTree.truncated`).
+        token_ids (`torch.LongTensor` of shape `[V]`, *optional*): the token id of each column, ascending (a
+            drafter's draft vocabulary, `DFlashDraftModel.draft_vocab`: its log-probs as scored, not spread over
+            the target's vocabulary); None: column v is token v.
 
     Returns:
         `DraftTree` on the device of `draft_logprobs`, nodes in pop order (non-increasing score).
     """
-    check_draft_logprobs(draft_logprobs)
+    check_draft_logprobs(draft_logprobs, token_ids)
     if isinstance(budget, bool) or not isinstance(budget, int):
         raise TypeError(f"budget must be an int, got {type(budget).__name__}")
     if budget < 0:
@@ -349,7 +368,7 @@ def build_tree(draft_logprobs: torch.Tensor, budget: int, root_token, size_rule=
         return build_chain(draft_logprobs, 0, root)
 
     # 1. Ranked top-k per depth, the only host transfer: values and token ids, [D][k] floats / ints.
-    values, ids = host_topk(draft_logprobs, k)
+    values, ids = host_topk(draft_logprobs, k, token_ids)
 
     # 2. Best-first search over (depth, rank) moves. Heap entry: (-score, depth, ranks, parent node,
     # parent score); (depth, ranks) is unique per path, so the entries after it are never compared.
@@ -417,7 +436,7 @@ def tree_from_lists(root: torch.LongTensor, tokens: list, depths: list, parents:
     )
 
 
-def build_chain(draft_logprobs: torch.Tensor, budget: int, root_token, size_rule=None) -> DraftTree:
+def build_chain(draft_logprobs: torch.Tensor, budget: int, root_token, size_rule=None, token_ids=None) -> DraftTree:
     """The chain special case (plain DFlash): one rank-0 (argmax, lowest id on ties) child per depth.
 
     Same signature as `build_tree`: at most `budget` nodes, and never deeper than the drafted depths.
@@ -427,8 +446,9 @@ def build_chain(draft_logprobs: torch.Tensor, budget: int, root_token, size_rule
         budget (`int`): drafted nodes, root excluded; the chain has `min(budget, D)` of them.
         root_token (`int` or one-element integer `torch.Tensor`): token of the root.
         size_rule (*optional*): as for `build_tree` (costs one host copy of the chain's log-probs).
+        token_ids (*optional*): as for `build_tree`.
     """
-    check_draft_logprobs(draft_logprobs)
+    check_draft_logprobs(draft_logprobs, token_ids)
     if isinstance(budget, bool) or not isinstance(budget, int):
         raise TypeError(f"budget must be an int, got {type(budget).__name__}")
     if budget < 0:
@@ -443,7 +463,7 @@ def build_chain(draft_logprobs: torch.Tensor, budget: int, root_token, size_rule
     root = root_tensor(root_token, device)
     depths = torch.arange(length + 1, device=device)  # [N]
     return DraftTree(
-        tokens=torch.cat([root, draft_logprobs[:length].argmax(-1)]),
+        tokens=torch.cat([root, _token_ids(draft_logprobs[:length].argmax(-1), token_ids)]),
         depths=depths,
         parents=depths - 1,
         visibility=torch.ones(length + 1, length + 1, dtype=torch.bool, device=device).tril(),

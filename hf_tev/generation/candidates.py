@@ -79,8 +79,13 @@ class TreeCandidateGenerator:
                 row.lookup_stats = LookupStats()
         self.hidden_indices = None if drafter is None else drafter.target_hidden_indices
         self.root_trees = RootTrees(device)
+        self.token_ids = None  # the target id of each drafted column: a draft vocabulary (None: every token)
         if drafter is None:
             return
+        # A drafter with a draft vocabulary drafts over it, as scored; the builders map the ids they pick
+        # (`DFlashDraftModel.draft_logits`' `target_vocab`).
+        vocab = getattr(drafter, "draft_vocab", None)
+        self.token_ids = None if vocab is None else vocab.to(device)
         self.block_size = tev_config.block_size or drafter.config.block_size
         self.cache = drafter.new_cache()
         # A batch tracks the drafter cache's hidden columns per row ([R, C]) and masks them, also once it has
@@ -132,7 +137,7 @@ class TreeCandidateGenerator:
             drafted = self.draft(roots, root_positions, max_depths, cap)
         draft_s = clock.lap("draft")
         if len(roots) > 1 and (self.lookup or self.builder is build_tree):  # every row's top-k in one read
-            prefetch_host_topk(drafted, self.budget if cap is None else cap)
+            prefetch_host_topk(drafted, self.budget if cap is None else cap, self.token_ids)
         known_s = None if clock.deferred else draft_s  # on CUDA the drafter's time is known after the cycle's read
         trees, build_s, rule = [], [], None
         for i, (draft_logprobs, root, max_depth) in enumerate(zip(drafted, roots, max_depths, strict=True)):
@@ -148,7 +153,8 @@ class TreeCandidateGenerator:
 
     def draft(self, roots, root_positions, max_depths, budget) -> list[torch.Tensor | None]:
         """Stage 1: each row's drafter log-probs `[d_i, V]` of depths 1..d_i (None where no depth can be used),
-        `d_i = min(L - 1, max_depths[i], budget)`.
+        `d_i = min(L - 1, max_depths[i], budget)`; over the drafter's draft vocabulary where it has one
+        (`[d_i, draft_vocab_size]`, column j the token `self.token_ids[j]`).
 
         The block is always the drafter's full block `[root, MASK * (L-1)]` (it is trained on full blocks and
         attends inside them bidirectionally); only the usable depths' last-layer rows and LM head are computed.
@@ -161,13 +167,15 @@ class TreeCandidateGenerator:
         features, positions, padding = self._waiting_context(root_positions)
         block_ids = self.block_ids[: len(roots)]  # [R, L]: [root, MASK, ...], the roots written in place
         block_ids[:, 0] = roots[0] if len(roots) == 1 else torch.cat(roots)
-        masked = {}  # one prompt hides nothing: the drafter's own unmasked call
+        options = {}  # one prompt hides nothing: the drafter's own unmasked call
         if self.batch:
             hidden = torch.cat([self.hidden, padding], dim=1)
-            masked["attention_mask"] = torch.cat([~hidden, torch.ones_like(block_ids, dtype=torch.bool)], dim=1)
+            options["attention_mask"] = torch.cat([~hidden, torch.ones_like(block_ids, dtype=torch.bool)], dim=1)
+        if self.token_ids is not None:  # its logits as scored, over its draft vocabulary
+            options["target_vocab"] = False
         logits = self.drafter.draft_logits(
-            self.target, features, block_ids, positions, cache=self.cache, num_depths=max(depths), **masked
-        )  # [R, max d, V]
+            self.target, features, block_ids, positions, cache=self.cache, num_depths=max(depths), **options
+        )  # [R, max d, V or draft_vocab_size]
         if self.batch:
             self.hidden = hidden
             self.visible = [visible + count for visible, count in zip(self.visible, counts, strict=True)]
@@ -260,11 +268,11 @@ class TreeCandidateGenerator:
         budget = self.budget if budget is None else budget
         if self.lookup:
             return build_merged_tree(
-                draft_logprobs, budget, root, continuations, lookup_stats, size_rule, device=root.device
+                draft_logprobs, budget, root, continuations, lookup_stats, size_rule, root.device, self.token_ids
             )
         if draft_logprobs is None:
             return self.root_trees(root)
-        return drafted_nodes(self.builder(draft_logprobs, budget, root, size_rule=size_rule))
+        return drafted_nodes(self.builder(draft_logprobs, budget, root, size_rule=size_rule, token_ids=self.token_ids))
 
     def select(self, keep: list[int]) -> None:
         """Keep only rows `keep` (in that order): rows that stopped leave the drafter's cache."""

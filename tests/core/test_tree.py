@@ -335,3 +335,34 @@ def test_tree_inputs_reuse_buffers_and_equal_fresh_masks():
     assert first_buffer == inputs.mask.data_ptr()  # no re-allocation once the largest tree was seen
     with pytest.raises(ValueError, match="past_length"):
         inputs(tree, -1, 0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_draft_vocabulary_builds_the_trees_of_its_spread_log_probs(dtype):
+    """Drafting over a draft vocabulary (`token_ids`: the target id of each column, ascending) builds, with every
+    builder and the merged tree, the very trees its log-probs spread over the target's vocabulary build (-inf
+    outside it): the same tokens, parents and scores, ties to the lower token id included."""
+    from hf_tev.lookup import LookupStats, build_merged_tree
+    from hf_tev.models.dflash.vocabulary import to_target_vocab
+
+    generator = torch.Generator().manual_seed(0)
+    token_ids = torch.randperm(600, generator=generator)[:90].sort().values
+    logits = (torch.randn(5, 90, generator=generator) * 2).round(decimals=1)  # rounded: ties across ranks
+    draft = torch.log_softmax(logits, -1).to(dtype)
+    spread = to_target_vocab(draft, token_ids, 600)  # the same values (a log-softmax over them may round apart)
+    continuations = [([int(token_ids[3]), 17, int(token_ids[5])], 2), ([int(token_ids[3]), int(token_ids[9])], 1)]
+
+    def same(a, b):
+        assert a.tokens.tolist() == b.tokens.tolist() and a.parents.tolist() == b.parents.tolist()
+        assert a.path_logprobs == b.path_logprobs
+
+    for budget in (1, 7, 40, 200):
+        for builder in TREE_BUILDERS.values():
+            same(builder(draft, budget, 5, token_ids=token_ids), builder(spread, budget, 5))
+        merged = [
+            build_merged_tree(q, budget, 5, continuations, LookupStats(), token_ids=ids)
+            for q, ids in ((draft, token_ids), (spread, None))
+        ]
+        same(*merged)
+    with pytest.raises(ValueError, match="token_ids"):
+        build_tree(draft, 4, 5, token_ids=token_ids[:-1])

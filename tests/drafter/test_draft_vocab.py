@@ -108,6 +108,9 @@ def test_a_drafter_scores_its_vocabulary_as_the_full_head_does_and_nothing_else(
     outside[inside] = False
     assert got[..., outside].eq(-math.inf).all()
     assert reduced.head_logits(target, torch.randn(2, 64)).shape == (2, len(VOCAB_IDS))
+    as_scored = reduced.draft_logits(target, context, block, positions, target_vocab=False)  # columns: VOCAB_IDS
+    assert torch.equal(as_scored, got[..., inside])
+    assert torch.equal(full.draft_logits(target, context, block, positions, target_vocab=False), expected)
 
 
 def test_the_head_rows_follow_a_changed_head(target):
@@ -206,6 +209,28 @@ def test_greedy_decoding_with_a_draft_vocabulary_equals_the_targets(target):
     drafter = vocab_drafter(target)
     out = target.generate(prompt, max_new_tokens=24, assistant_model=drafter, tev_config=TEVConfig(budget=8))
     assert torch.equal(out, greedy(target, prompt, max_new_tokens=24))
+
+
+def test_the_decoder_drafts_over_the_draft_vocabulary_as_scored(target):
+    """The decoder asks for the drafter's logits as scored (`target_vocab=False`: `[B, d, draft_vocab_size]`, not
+    spread over the target's vocabulary) and decodes exactly (its builders map the columns to target ids:
+    `tests/core/test_tree.py`)."""
+    drafter, widths = vocab_drafter(target), []
+    real = drafter.draft_logits
+
+    def draft_logits(*args, **kwargs):
+        logits = real(*args, **kwargs)
+        widths.append((kwargs.get("target_vocab"), logits.shape[-1]))
+        return logits
+
+    drafter.draft_logits = draft_logits
+    prompt = torch.tensor([[1, 5, 9, 13, 4]])
+    out = target.generate(
+        prompt, max_new_tokens=24, assistant_model=drafter, tev_config=TEVConfig(budget=8, lookup=False),
+        return_dict_in_generate=True,
+    )  # fmt: skip
+    assert torch.equal(out.sequences, greedy(target, prompt, max_new_tokens=24))
+    assert widths and set(widths) == {(False, len(VOCAB_IDS))}
 
 
 def test_sampling_with_a_draft_vocabulary_follows_the_targets_law():
