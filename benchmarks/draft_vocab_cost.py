@@ -5,8 +5,10 @@ process.
     python benchmarks/draft_vocab_cost.py --threads 1 --sizes 8192,16384 --output vocab_cost.json
 
 - plain step: the target's forward of one token after `--context` tokens (a `DynamicCache`, cropped back);
-- drafter call: `draft_logits` of one block with 4 new context rows after `--context` cached ones (the drafter's
-  cache cropped back), every depth scored: the drafter's stack and the target's LM head (whole or restricted);
+- draft stage: what the decoder's draft stage computes for one block with 4 new context rows after `--context`
+  cached ones (the drafter's cache cropped back), every depth scored: `draft_logits` (the drafter's stack and the
+  target's LM head, whole or restricted; with a draft vocabulary its scores as scored, `target_vocab=False`) and
+  the log-softmax of its scores;
 - training step: the "dflash" loss over cached features of `--train_rows` rows of `--train_length` tokens,
   `--anchors` blocks each, forward and backward (`hf_tev.training.losses.rows_loss`).
 
@@ -59,7 +61,7 @@ def plain_step(target, context: int):
     return step
 
 
-def drafter_call(target, drafter, context: int):
+def draft_stage(target, drafter, context: int):
     width = len(drafter.config.target_layer_ids) * drafter.config.hidden_size
     features = torch.randn(1, context + 4, width, generator=torch.Generator().manual_seed(1))
     cache = drafter.new_cache()
@@ -68,10 +70,12 @@ def drafter_call(target, drafter, context: int):
     with torch.no_grad():
         drafter.draft_logits(target, features[:, :context], block, torch.arange(context + block.shape[1])[None], cache)
     positions = torch.arange(context, context + 4 + block.shape[1])[None]
+    options = {} if drafter.draft_vocab is None else {"target_vocab": False}  # as the decoder calls it
 
     def call():
         with torch.no_grad():
-            drafter.draft_logits(target, features[:, context:], block, positions, cache)
+            logits = drafter.draft_logits(target, features[:, context:], block, positions, cache, **options)
+            torch.log_softmax(logits.float(), dim=-1)  # the decoder's log-probs (`candidates.finite_depths`)
         cache.crop(-4)  # the 4 new context rows (draft_logits removes the block's own)
 
     return call
@@ -145,7 +149,7 @@ def main(argv=None) -> None:
             coverage[size] = float(held_counts[ids].sum() / held_counts.sum())
         name = "full" if size is None else str(size)
         variants[name] = {
-            "drafter call": drafter_call(target, drafter, args.context),
+            "draft stage": draft_stage(target, drafter, args.context),
             "training step": training_step(target, drafter, long_rows, args.anchors, args.train_length),
         }
     step = plain_step(target, args.context)
