@@ -3,6 +3,7 @@ executes), and its JSON holds every section the GPU window is for."""
 
 import importlib.util
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -22,6 +23,13 @@ def gpu_check():
     return module
 
 
+def measured(value) -> bool:
+    """A timing of the report: a finite number. Per-unit times are differences of two runs' medians, which at
+    these tiny sizes on a shared CPU can come out of either sign (a test run beside a training job gave -1.08 ms a
+    cycle); what they are worth is measured on the device, never asserted here."""
+    return isinstance(value, float) and math.isfinite(value)
+
+
 @pytest.mark.slow
 def test_gpu_check_runs_its_whole_plan_on_cpu_at_tiny_sizes(gpu_check, tmp_path):
     output = tmp_path / "gpu_check.json"
@@ -32,7 +40,7 @@ def test_gpu_check_runs_its_whole_plan_on_cpu_at_tiny_sizes(gpu_check, tmp_path)
     eager = report["modes"]["eager"]
     for name in ("plain", "hf_tev", "transformers_dflash_chain"):
         row = eager[name]
-        assert row["seconds_per_unit"] > 0 and row["units"][1] > row["units"][0], name
+        assert measured(row["seconds_per_unit"]) and row["units"][1] > row["units"][0], name
         assert row["per_unit"]["kernels"] > 0 and row["per_unit"]["host_waits"] >= 0, name
         assert "memory" in row  # None on the CPU, peak GiB on CUDA
     tev = eager["hf_tev"]
@@ -42,10 +50,10 @@ def test_gpu_check_runs_its_whole_plan_on_cpu_at_tiny_sizes(gpu_check, tmp_path)
     assert 0 < tev["stages"]["moved_commits"] <= tev["stages"]["commits"] == tev["stages"]["cycles"]
     assert tev["equals_plain_greedy"] and tev["first_mismatch"] is None and tev["oracle_settled"]
     assert {"draft_ms", "build_ms", "forward_ms", "verify_ms", "rest_ms"} <= set(tev["stages"])
-    assert tev["own_ms"] < tev["cycle_ms"]
+    assert measured(tev["own_ms"]) and measured(tev["cycle_ms"])
     chain = eager["transformers_dflash_chain"]
     assert chain["new_tokens"][1] / chain["units"][1] > 2.5  # the chain's oracle is accepted as well
-    assert tev["sr_per_token"] > 0 and chain["sr_per_token"] > 0
+    assert measured(tev["sr_per_token"]) and measured(chain["sr_per_token"])
 
     paper = report["paper_tau"]
     assert set(paper["sr"]) == {"7.80", "8.85"} and paper["budget"] == 8
@@ -65,13 +73,13 @@ def test_gpu_check_runs_its_whole_plan_on_cpu_at_tiny_sizes(gpu_check, tmp_path)
     assert auto["tokens_per_s_auto"] >= 0.95 * max(auto["tokens_per_s_fixed"].values())
 
     static = report["modes"]["static"]
-    assert static["plain"]["seconds_per_unit"] > 0  # transformers' static cache (compiled on CUDA only)
+    assert measured(static["plain"]["seconds_per_unit"])  # transformers' static cache (compiled on CUDA only)
     # hf_tev's static tree pass (compiled on CUDA only, --compile auto): exact, the same oracle accepted
     assert static["hf_tev"]["equals_plain_greedy"] and static["hf_tev"]["stages"]["pass_nodes"] == 9
     assert 3 <= static["hf_tev"]["stages"]["tau"] <= 5 and "compiled" not in static["hf_tev"]
-    assert static["hf_tev"]["sr_per_token"] > 0 and static["hf_tev"]["first_call_s"] > 0
+    assert measured(static["hf_tev"]["sr_per_token"]) and static["hf_tev"]["first_call_s"] > 0
     assert report["paper_tau_static"]["oracle_tau"] == static["hf_tev"]["stages"]["tau"]
-    assert report["paper_tau_static"]["sr"]["7.80"] > 0
+    assert measured(report["paper_tau_static"]["sr"]["7.80"])
     assert report["seconds"] > 0 and "eager" not in report and "static" not in report
 
 
