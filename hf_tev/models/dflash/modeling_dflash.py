@@ -297,8 +297,9 @@ class DFlashDraftModel(DraftVocabularyMixin, PreTrainedModel):
                 logits as scored, `[B, d, draft_vocab_size]` with column j the target id `draft_vocab[j]` (the
                 decoder's tree builders map the few ids they pick, `hf_tev.tree.build_tree`'s `token_ids`),
                 instead of spreading them over the target's V columns with -inf between: at V = 49,152 and an
-                8,192-token draft vocabulary, that spread and the log-softmax and top-k over it cost 3 ms a
-                draft on a CPU core, 0.04 of a plain step of SmolLM2-135M.
+                8,192-token draft vocabulary, that spread and the log-softmax and top-k over it cost about 1 ms
+                a cycle on one CPU thread, 1.5% of a plain step of SmolLM2-135M
+                (`benchmarks/cycle_overhead.py --baseline`, B = 16, T = 0).
         """
         depths = check_num_depths(num_depths, block_ids.shape[1] - 1)
         noise_embeds = target.get_input_embeddings()(block_ids)  # [B, L, H]
